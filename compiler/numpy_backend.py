@@ -1,0 +1,330 @@
+"""Reference kernels in plain numpy: the oracle every other backend is tested against.
+
+Kernels take numpy arrays and Python ints/floats and return new arrays; they never see a
+Tensor and never validate shapes (the ops do that, so errors can name the op).
+A ``*_back`` kernel is the vector-Jacobian product of its partner.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# ---------------------------------------------------------------- memory and dtype
+
+
+def asarray(data, dtype):
+    # np.asarray(order="C"), not np.ascontiguousarray: the latter turns 0-d arrays into 1-d.
+    return np.asarray(data, dtype=dtype, order="C")
+
+
+def to_numpy(x):
+    return x
+
+
+def zeros(shape, dtype):
+    return np.zeros(shape, dtype=dtype)
+
+
+def full(shape, value, dtype):
+    return np.full(shape, value, dtype=dtype)
+
+
+def astype(x, dtype):
+    return x.astype(dtype, copy=True)
+
+
+def copy(x):
+    return x.copy()
+
+
+# ---------------------------------------------------------------- elementwise forward
+
+
+def add(a, b):
+    return np.add(a, b)
+
+
+def sub(a, b):
+    return np.subtract(a, b)
+
+
+def mul(a, b):
+    return np.multiply(a, b)
+
+
+def div(a, b):
+    return np.divide(a, b)
+
+
+def neg(x):
+    return np.negative(x)
+
+
+def pow(x, p):  # noqa: A001 - the kernel is named after the math
+    return np.power(x, p)
+
+
+def exp(x):
+    return np.exp(x)
+
+
+def log(x):
+    return np.log(x)
+
+
+def tanh(x):
+    return np.tanh(x)
+
+
+def sigmoid(x):
+    # exp of a non-positive number only: never overflows for large |x|.
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(x.dtype, copy=False)
+
+
+def relu(x):
+    return np.maximum(x, 0).astype(x.dtype, copy=False)
+
+
+def leaky_relu(x, negative_slope):
+    return np.where(x > 0, x, x * x.dtype.type(negative_slope))
+
+
+# ---------------------------------------------------------------- elementwise backward
+
+
+def div_back_b(a, b, dy):
+    """d(a/b)/db * dy = -a / b^2 * dy."""
+    return -dy * a / (b * b)
+
+
+def pow_back_base(x, p, dy):
+    return dy * p * np.power(x, p - 1)
+
+
+def pow_back_exponent(y, x, dy):
+    # d(x^p)/dp = x^p log x; only asked for when the exponent requires grad.
+    return dy * y * np.log(x)
+
+
+def tanh_back(y, dy):
+    """Uses the output y: d tanh = 1 - y^2."""
+    return (1 - y * y) * dy
+
+
+def sigmoid_back(y, dy):
+    """Uses the output y: d sigmoid = y (1 - y)."""
+    return y * (1 - y) * dy
+
+
+def relu_back(x, dy):
+    return np.where(x > 0, dy, 0).astype(dy.dtype, copy=False)
+
+
+def leaky_relu_back(x, dy, negative_slope):
+    return np.where(x > 0, dy, dy * dy.dtype.type(negative_slope))
+
+
+# ---------------------------------------------------------------- comparisons and selection
+
+
+def eq(a, b):
+    return np.equal(a, b)
+
+
+def ne(a, b):
+    return np.not_equal(a, b)
+
+
+def lt(a, b):
+    return np.less(a, b)
+
+
+def le(a, b):
+    return np.less_equal(a, b)
+
+
+def gt(a, b):
+    return np.greater(a, b)
+
+
+def ge(a, b):
+    return np.greater_equal(a, b)
+
+
+def where(cond, a, b):
+    return np.where(cond, a, b)
+
+
+# ---------------------------------------------------------------- reductions
+
+
+def sum(x, axis, keepdims):  # noqa: A001
+    return np.sum(x, axis=axis, keepdims=keepdims)
+
+
+def sum_to(x, shape):
+    """Sum ``x`` down to ``shape``: the backward of broadcasting ``shape`` up to x.shape."""
+    if x.shape == tuple(shape):
+        return x
+    lead = x.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(
+        i + lead for i, n in enumerate(shape) if n == 1 and x.shape[i + lead] != 1
+    )
+    return np.sum(x, axis=axes, keepdims=True).reshape(shape)
+
+
+def broadcast_to(x, shape):
+    return np.asarray(np.broadcast_to(x, shape), order="C")
+
+
+def max(x, axis, keepdims):  # noqa: A001
+    return np.max(x, axis=axis, keepdims=keepdims)
+
+
+def max_back(x, y_keep, dy_keep):
+    """Gradient of max split evenly between tied maxima (the mean subgradient).
+
+    y_keep and dy_keep have the reduced axes kept (size 1), so they broadcast against x.
+    """
+    hit = x == y_keep
+    reduced = tuple(i for i, n in enumerate(y_keep.shape) if n == 1)
+    count = np.sum(hit, axis=reduced, keepdims=True)
+    return np.where(hit, dy_keep / count, 0).astype(x.dtype, copy=False)
+
+
+# ---------------------------------------------------------------- movement
+
+
+def reshape(x, shape):
+    return np.reshape(x, shape)
+
+
+def permute(x, axes):
+    return np.asarray(np.transpose(x, axes), order="C")
+
+
+def getitem(x, index):
+    return np.array(x[index], copy=True)
+
+
+def getitem_back(shape, index, dy):
+    """Scatter-add dy into zeros of ``shape``; repeated integer indices accumulate."""
+    dx = np.zeros(shape, dtype=dy.dtype)
+    np.add.at(dx, index, dy)
+    return dx
+
+
+def cat(xs, axis):
+    return np.concatenate(xs, axis=axis)
+
+
+def split(x, sizes, axis):
+    """Inverse of cat: pieces of ``x`` along ``axis`` with the given sizes."""
+    bounds = np.cumsum(sizes)[:-1]
+    return [np.asarray(p, order="C") for p in np.split(x, bounds, axis=axis)]
+
+
+def stack(xs, axis):
+    return np.stack(xs, axis=axis)
+
+
+# ---------------------------------------------------------------- linear algebra
+
+
+def matmul(a, b):
+    return np.matmul(a, b)
+
+
+# ---------------------------------------------------------------- softmax family
+
+
+def softmax(x, axis):
+    """Row softmax; subtracts the row max so exp never overflows.
+
+    A row that is entirely -inf (every position masked) gives zeros, not NaN.
+    """
+    m = np.max(x, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    e = np.exp(x - m)
+    s = np.sum(e, axis=axis, keepdims=True)
+    return e / np.where(s > 0, s, 1)
+
+
+def softmax_back(y, dy, axis):
+    return y * (dy - np.sum(dy * y, axis=axis, keepdims=True))
+
+
+def log_softmax(x, axis):
+    """x - logsumexp(x), with the row max subtracted first."""
+    m = np.max(x, axis=axis, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0)
+    shifted = x - m
+    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+
+
+def log_softmax_back(y, dy, axis):
+    return dy - np.exp(y) * np.sum(dy, axis=axis, keepdims=True)
+
+
+def cross_entropy(logits, target, ignore_index):
+    """Per-row loss -log softmax(logits)[target] for 2-D logits (N, C), target (N,).
+
+    Returns (loss (N,), logsumexp (N,)); rows whose target is ignore_index get loss 0.
+    The logsumexp is saved for backward so softmax is never stored.
+    """
+    m = np.max(logits, axis=1)
+    lse = m + np.log(np.sum(np.exp(logits - m[:, None]), axis=1))
+    keep = target != ignore_index
+    safe_target = np.where(keep, target, 0)
+    picked = logits[np.arange(logits.shape[0]), safe_target]
+    loss = np.where(keep, lse - picked, 0).astype(logits.dtype, copy=False)
+    return loss, lse
+
+
+def cross_entropy_back(logits, lse, target, ignore_index, dloss):
+    """d loss_n / d logits_n = softmax(logits_n) - onehot(target_n), scaled by dloss_n."""
+    keep = target != ignore_index
+    dx = np.exp(logits - lse[:, None])
+    rows = np.arange(logits.shape[0])
+    dx[rows, np.where(keep, target, 0)] -= 1
+    scale = np.where(keep, dloss, 0).astype(logits.dtype, copy=False)
+    return dx * scale[:, None]
+
+
+def nll_loss(logp, target, ignore_index):
+    """Per-row loss -logp[target] for (N, C) log-probabilities; ignored rows give 0."""
+    keep = target != ignore_index
+    picked = logp[np.arange(logp.shape[0]), np.where(keep, target, 0)]
+    return np.where(keep, -picked, 0).astype(logp.dtype, copy=False)
+
+
+def nll_loss_back(shape, target, ignore_index, dloss):
+    keep = target != ignore_index
+    dx = np.zeros(shape, dtype=dloss.dtype)
+    rows = np.arange(shape[0])
+    dx[rows, np.where(keep, target, 0)] = np.where(keep, -dloss, 0)
+    return dx
+
+
+# ---------------------------------------------------------------- embedding
+
+
+def embedding(weight, ids):
+    return weight[ids]
+
+
+def embedding_back(num_rows, ids, dy, padding_idx):
+    """Scatter-add rows of dy into a (num_rows, E) gradient; padding_idx gets none."""
+    dw = np.zeros((num_rows, dy.shape[-1]), dtype=dy.dtype)
+    np.add.at(dw, ids.reshape(-1), dy.reshape(-1, dy.shape[-1]))
+    if padding_idx is not None:
+        dw[padding_idx] = 0
+    return dw
+
+
+KERNELS = {
+    name: fn
+    for name, fn in globals().items()
+    if callable(fn) and not name.startswith("_") and getattr(fn, "__module__", None) == __name__
+}

@@ -1,0 +1,43 @@
+"""tinygrad_attn: a small tensor autograd engine built around attention.
+
+    import tinygrad_attn as ta
+    x = ta.Tensor([[1.0, 2.0]], requires_grad=True)
+    y = (x @ x.T).tanh().sum()
+    y.backward()
+    ta.check.symbolic(lambda x: (x @ x.T).tanh().sum(), x)   # exact, with sympy
+"""
+
+from . import check, functional, ops
+from .autograd import (
+    DeviceError,
+    DTypeError,
+    ShapeError,
+    detect_anomaly,
+    enable_grad,
+    is_grad_enabled,
+    no_grad,
+    scope,
+)
+from .random import manual_seed
+from .tensor import Tensor, cat, stack, where
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Tensor",
+    "cat",
+    "stack",
+    "where",
+    "no_grad",
+    "enable_grad",
+    "is_grad_enabled",
+    "scope",
+    "detect_anomaly",
+    "manual_seed",
+    "ops",
+    "functional",
+    "check",
+    "ShapeError",
+    "DTypeError",
+    "DeviceError",
+]

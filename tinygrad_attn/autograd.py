@@ -1,0 +1,437 @@
+"""Ops, the op registry, the graph record and reverse-mode differentiation.
+
+An ``Op`` is one mathematical function with three faces:
+
+* ``forward(*arrays)``  computes the output through ``self.backend``'s kernels and keeps
+  what backward needs in ``self.saved``;
+* ``backward(dy)``      returns one gradient array per input (``None`` where an input
+  needs none), also through kernels;
+* ``symbolic(sp, *inputs, **attrs)``  the same math on numpy object arrays of sympy
+  expressions, which ``ta.check`` differentiates exactly.
+
+``Op.apply(*tensors, **attrs)`` runs forward and, when any input requires grad, records a
+``Node`` on the output: the op (with its attributes), the input tensors and the scope active
+at the time.  ``backward`` walks those records with an iterative topological sort, so a
+10,000-step chain never meets Python's recursion limit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+__all__ = [
+    "Op",
+    "Node",
+    "Example",
+    "register",
+    "registry",
+    "no_grad",
+    "enable_grad",
+    "is_grad_enabled",
+    "scope",
+    "current_scope",
+    "detect_anomaly",
+    "ShapeError",
+    "DTypeError",
+    "DeviceError",
+]
+
+
+class ShapeError(ValueError):
+    """An op got shapes it cannot work with; the message names the op and the shapes."""
+
+
+class DTypeError(TypeError):
+    """An op got dtypes it cannot mix; the message names the op, dtypes and shapes."""
+
+
+class DeviceError(ValueError):
+    """An op got tensors on different devices."""
+
+
+# ---------------------------------------------------------------- global state
+
+
+class _State(threading.local):
+    def __init__(self):
+        self.grad_enabled = True
+        self.scopes: list[str] = []
+        self.anomaly = False
+
+
+_state = _State()
+
+
+class no_grad(contextlib.ContextDecorator):
+    """Context (or decorator) in which ops record no graph and outputs need no grad.
+
+    Example:
+        >>> with ta.no_grad():
+        ...     y = model(x)          # inference: no graph is kept
+    """
+
+    def __enter__(self):
+        self._prev = _state.grad_enabled
+        _state.grad_enabled = False
+        return self
+
+    def __exit__(self, *exc):
+        _state.grad_enabled = self._prev
+        return False
+
+
+class enable_grad(contextlib.ContextDecorator):
+    """Turn graph recording back on inside a ``no_grad`` block."""
+
+    def __enter__(self):
+        self._prev = _state.grad_enabled
+        _state.grad_enabled = True
+        return self
+
+    def __exit__(self, *exc):
+        _state.grad_enabled = self._prev
+        return False
+
+
+def is_grad_enabled() -> bool:
+    return _state.grad_enabled
+
+
+@contextlib.contextmanager
+def scope(name: str):
+    """Tag every node made inside the block with ``name`` (nested scopes join with '/').
+
+    Example:
+        >>> with ta.scope("encoder"), ta.scope("t3"):
+        ...     h = (x @ W).tanh()
+        >>> h.node.scope
+        'encoder/t3'
+    """
+    if not name or "/" in name:
+        raise ValueError(f"scope(): a scope name must be non-empty and contain no '/', got {name!r}")
+    _state.scopes.append(name)
+    try:
+        yield
+    finally:
+        _state.scopes.pop()
+
+
+def current_scope() -> str:
+    return "/".join(_state.scopes)
+
+
+class detect_anomaly(contextlib.ContextDecorator):
+    """Check every gradient for NaN/inf during backward and name the op that made it.
+
+    Inside the block each op also remembers the line of user code that created it, which
+    the error message quotes.  It costs time: use it to debug, not to train.
+
+    Example:
+        >>> with ta.detect_anomaly():
+        ...     loss.backward()       # RuntimeError: ... backward of Log ... produced NaN
+    """
+
+    def __enter__(self):
+        self._prev = _state.anomaly
+        _state.anomaly = True
+        return self
+
+    def __exit__(self, *exc):
+        _state.anomaly = self._prev
+        return False
+
+
+# ---------------------------------------------------------------- ops
+
+
+@dataclass
+class Example:
+    """Inputs at which ``ta.check.ops()`` verifies an op: arrays (float64 for the
+    differentiable ones, int/bool for ids and masks) and the op's attributes.
+
+    ``finite_differences=False`` marks an example where the op deliberately departs from
+    the function's true derivative (a stop-gradient such as Embedding's padding row), which
+    only the symbolic form can state; the symbolic check still runs.
+    """
+
+    inputs: tuple
+    attrs: dict = field(default_factory=dict)
+    finite_differences: bool = True
+
+
+class Op:
+    """Base class of every op.  Subclass, define forward/backward/symbolic/examples, and
+    decorate with ``@register`` so the op is verified with every other one.
+
+    Example:
+        >>> @ta.ops.register
+        ... class Cube(ta.ops.Op):
+        ...     '''y = x^3'''
+        ...     @staticmethod
+        ...     def symbolic(sp, x):
+        ...         return x ** 3
+        ...     def forward(self, x):
+        ...         self.saved = (x,)
+        ...         return x ** 3
+        ...     def backward(self, dy):
+        ...         (x,) = self.saved
+        ...         return (3 * x * x * dy,)
+        >>> y = Cube.apply(Tensor([2.0], requires_grad=True))
+    """
+
+    name: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "name" not in cls.__dict__:
+            cls.name = cls.__name__
+
+    def __init__(self, backend, **attrs):
+        self.backend = backend
+        self.attrs = attrs
+        self.saved: tuple = ()
+        self.needs_grad: tuple[bool, ...] = ()
+        self.freed = False
+
+    def __getattr__(self, key: str) -> Any:
+        # Attributes read like fields inside forward/backward: self.axis, self.keepdims.
+        attrs = self.__dict__.get("attrs")
+        if attrs is not None and key in attrs:
+            return attrs[key]
+        raise AttributeError(f"{type(self).__name__} has no attribute {key!r}")
+
+    def forward(self, *inputs):
+        raise NotImplementedError  # abstract: every op defines it
+
+    def backward(self, dy):
+        raise NotImplementedError  # abstract: every op defines it
+
+    @staticmethod
+    def symbolic(sp, *inputs, **attrs):
+        raise NotImplementedError  # abstract: every op defines it
+
+    @classmethod
+    def examples(cls) -> list[Example]:
+        """Small inputs, inside the op's smooth domain, for ``ta.check.ops()``."""
+        return []
+
+    def fail(self, message: str, error: type[Exception] = ShapeError):
+        """Raise ``error`` with the op's name in front of ``message``."""
+        raise error(f"{self.name}: {message}")
+
+    @classmethod
+    def apply(cls, *inputs, **attrs):
+        """Run the op on tensors and record it in the graph when a gradient is needed."""
+        tensor_cls = _tensor_class()
+        backend = inputs[0].backend
+        for t in inputs[1:]:
+            if t.backend is not backend:
+                devices = ", ".join(f"{x.device} {x.shape}" for x in inputs)
+                raise DeviceError(f"{cls.name}: inputs are on different devices ({devices}); "
+                                  f"move them with .to(device) first")
+        op = cls(backend, **attrs)
+        record = _state.grad_enabled and any(t.requires_grad for t in inputs)
+        if record:
+            op.needs_grad = tuple(t.requires_grad for t in inputs)
+        data = op.forward(*[t.data for t in inputs])
+        out = tensor_cls._make(data, backend, record)
+        if record:
+            where = _user_frame() if _state.anomaly else None
+            out.node = Node(op, inputs, current_scope(), where)
+        return out
+
+    def __repr__(self) -> str:
+        attrs = ", ".join(f"{k}={_short(v)}" for k, v in self.attrs.items())
+        return f"{self.name}({attrs})"
+
+
+def _short(value) -> str:
+    if isinstance(value, np.ndarray):
+        return f"array{value.shape}"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+_TENSOR = None
+
+
+def _tensor_class():
+    # tensor.py imports this module, so the Tensor class is looked up on first use.
+    global _TENSOR
+    if _TENSOR is None:
+        from .tensor import Tensor
+
+        _TENSOR = Tensor
+    return _TENSOR
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _user_frame() -> str:
+    """The innermost stack frame outside this package: where the user made this node."""
+    for frame in reversed(traceback.extract_stack()):
+        if not os.path.abspath(frame.filename).startswith(_PACKAGE_DIR):
+            return f"{frame.filename}:{frame.lineno}: {frame.line}"
+    return "unknown"
+
+
+class Node:
+    """What ``viz`` and ``check`` read about how a tensor was made.
+
+    Attributes:
+        op: the Op instance (``op.name``, ``op.attrs``).
+        inputs: the input tensors, in order.
+        scope: the ``ta.scope`` path active when the op ran, e.g. ``"decoder/t2/attention"``.
+        where: the creating line of user code (recorded only under ``detect_anomaly``).
+    """
+
+    __slots__ = ("op", "inputs", "scope", "where")
+
+    def __init__(self, op: Op, inputs: tuple, scope: str, where: str | None = None):
+        self.op = op
+        self.inputs = inputs
+        self.scope = scope
+        self.where = where
+
+    @property
+    def op_name(self) -> str:
+        return self.op.name
+
+    @property
+    def attrs(self) -> dict:
+        return self.op.attrs
+
+    def __repr__(self) -> str:
+        at = f" in {self.scope!r}" if self.scope else ""
+        return f"Node({self.op!r}{at})"
+
+
+# ---------------------------------------------------------------- registry
+
+registry: dict[str, type[Op]] = {}
+
+
+def register(cls: type[Op]) -> type[Op]:
+    """Class decorator: add an Op subclass to the registry that ``ta.check.ops()`` walks."""
+    if not (isinstance(cls, type) and issubclass(cls, Op)):
+        raise TypeError(f"register: expected an Op subclass, got {cls!r}")
+    for method in ("forward", "backward", "symbolic"):
+        if getattr(cls, method) is getattr(Op, method):
+            raise TypeError(f"register: {cls.__name__} does not define {method}()")
+    existing = registry.get(cls.name)
+    if existing is not None and existing.__qualname__ != cls.__qualname__:
+        raise ValueError(f"register: an op named {cls.name!r} is already registered ({existing!r})")
+    registry[cls.name] = cls
+    return cls
+
+
+# ---------------------------------------------------------------- backward
+
+
+def toposort(root) -> list:
+    """Tensors that lead to ``root`` and require grad, root first, each after all its users.
+
+    Iterative depth-first search: deep graphs (long unrolled RNNs) need no recursion.
+    """
+    order: list = []
+    visited: set[int] = set()
+    stack = [(root, False)]
+    while stack:
+        t, expanded = stack.pop()
+        if expanded:
+            order.append(t)
+            continue
+        if id(t) in visited:
+            continue
+        visited.add(id(t))
+        stack.append((t, True))
+        if t.node is not None:
+            for inp in t.node.inputs:
+                if inp.requires_grad and id(inp) not in visited:
+                    stack.append((inp, False))
+    order.reverse()
+    return order
+
+
+def backward(root, grad=None, retain_graph: bool = False) -> None:
+    """Accumulate d(root)/d(leaf) into ``leaf.grad`` for every leaf that requires grad.
+
+    ``grad`` is the upstream gradient (same shape as root); it may be omitted only for a
+    tensor with one element.  Saved buffers are freed unless ``retain_graph`` is True.
+    """
+    if not root.requires_grad:
+        raise RuntimeError(
+            f"backward(): tensor of shape {root.shape} does not require grad; create the "
+            f"leaves with requires_grad=True (and not inside no_grad())"
+        )
+    if grad is None:
+        if root.size != 1:
+            raise RuntimeError(
+                f"backward(): tensor of shape {root.shape} is not a scalar; pass grad= of the "
+                f"same shape (or reduce it first, e.g. loss.sum())"
+            )
+        grad_data = root.backend.full(root.shape, 1.0, root.dtype)
+    else:
+        grad_data = root.backend.asarray(getattr(grad, "data", grad), root.dtype)
+        if tuple(grad_data.shape) != root.shape:
+            raise ShapeError(f"backward(): grad has shape {tuple(grad_data.shape)} "
+                             f"but the tensor has shape {root.shape}")
+
+    grads: dict[int, Any] = {id(root): grad_data}
+    for t in toposort(root):
+        g = grads.pop(id(t), None)
+        if g is None:
+            continue
+        node = t.node
+        if node is None or t._retains_grad:
+            t._accumulate_grad(g)
+        if node is None:
+            continue
+        op = node.op
+        if op.freed:
+            raise RuntimeError(
+                f"backward(): the saved buffers of {op.name}"
+                f"{' in ' + repr(node.scope) if node.scope else ''} were freed by an earlier "
+                f"backward(); pass retain_graph=True to the first call to backward twice"
+            )
+        input_grads = op.backward(g)
+        if len(input_grads) != len(node.inputs):
+            raise RuntimeError(f"{op.name}.backward returned {len(input_grads)} gradients "
+                               f"for {len(node.inputs)} inputs")
+        if _state.anomaly:
+            _check_finite(node, input_grads)
+        for inp, gi in zip(node.inputs, input_grads, strict=True):
+            if gi is None or not inp.requires_grad:
+                continue
+            if tuple(gi.shape) != inp.shape:
+                raise RuntimeError(f"{op.name}.backward returned a gradient of shape "
+                                   f"{tuple(gi.shape)} for an input of shape {inp.shape}")
+            key = id(inp)
+            grads[key] = gi if key not in grads else grads[key] + gi
+        if not retain_graph:
+            op.saved = ()
+            op.freed = True
+
+
+def _check_finite(node: Node, input_grads) -> None:
+    for k, gi in enumerate(input_grads):
+        if gi is None:
+            continue
+        values = node.op.backend.to_numpy(gi)
+        if np.all(np.isfinite(values)):
+            continue
+        kind = "NaN" if np.isnan(values).any() else "inf"
+        where = f", created at {node.where}" if node.where else ""
+        at = f" in scope {node.scope!r}" if node.scope else ""
+        raise RuntimeError(
+            f"detect_anomaly: backward of {node.op!r}{at}{where} produced {kind} in the "
+            f"gradient of input {k} (shape {tuple(values.shape)})"
+        )

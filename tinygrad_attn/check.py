@@ -1,0 +1,364 @@
+"""Gradient verification users call: exact (sympy) and numerical (finite differences).
+
+    >>> r = ta.check.symbolic(lambda x, W: (x @ W).tanh().sum(), x, W)
+    >>> r.ok, print(r)                      # derived formula and largest error per input
+    >>> ta.check.gradcheck(fn, x, W).ok     # central differences in float64
+    >>> print(ta.check.ops())               # every registered op, both checks
+
+Both checks contract a non-scalar output with a fixed random cotangent c and compare the
+gradient of L = sum(c * output) with what ``backward(c)`` accumulates.  ``symbolic`` replays
+the recorded graph op by op through each op's ``symbolic`` form on sympy symbols, so the
+reference derivative is exact; it also compares the forward values.  Every float leaf of the
+graph is checked: the inputs you pass and any parameters ``fn`` uses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import autograd
+from .autograd import Op
+from .tensor import Tensor
+
+__all__ = ["gradcheck", "symbolic", "ops", "Report", "OpsReport"]
+
+
+@dataclass
+class InputError:
+    """The comparison for one checked leaf."""
+
+    name: str
+    shape: tuple
+    dtype: str
+    max_abs_err: float
+    max_rel_err: float
+    ok: bool
+    formula: str = ""
+
+
+@dataclass
+class Report:
+    """Result of one check: ``.ok``, per-input errors, and a readable ``str()``."""
+
+    kind: str
+    target: str
+    inputs: list[InputError] = field(default_factory=list)
+    forward_err: float | None = None
+    forward_ok: bool = True
+    error: str | None = None
+    skipped: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.forward_ok and all(i.ok for i in self.inputs)
+
+    @property
+    def max_err(self) -> float:
+        errs = [i.max_abs_err for i in self.inputs]
+        if self.forward_err is not None:
+            errs.append(self.forward_err)
+        return max(errs, default=0.0)
+
+    def __str__(self) -> str:
+        if self.skipped:
+            return f"{self.kind} check of {self.target}: skipped ({self.skipped})"
+        lines = [f"{self.kind} check of {self.target}: {'ok' if self.ok else 'FAILED'}"]
+        if self.error:
+            lines.append(f"  error: {self.error}")
+        if self.forward_err is not None:
+            state = "matches" if self.forward_ok else "DIFFERS"
+            lines.append(f"  forward value {state} the symbolic replay (max abs err {self.forward_err:.2e})")
+        for i in self.inputs:
+            flag = "" if i.ok else "   <-- wrong gradient"
+            lines.append(f"  d/d {i.name} {i.shape} {i.dtype}: max abs err {i.max_abs_err:.2e}, "
+                         f"max rel err {i.max_rel_err:.2e}{flag}")
+            if i.formula:
+                lines.append(f"      {i.formula}")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+# ---------------------------------------------------------------- shared plumbing
+
+
+def _as_leaves(inputs) -> list[Tensor]:
+    """Float inputs become fresh float64 leaves that require grad; ids and masks stay."""
+    leaves = []
+    for k, x in enumerate(inputs):
+        name = getattr(x, "name", None) or f"x{k}"
+        array = np.asarray(x.numpy() if isinstance(x, Tensor) else x)
+        if array.dtype.kind == "f":
+            leaf = Tensor(array, requires_grad=True, dtype=np.float64, name=name)
+        else:
+            leaf = Tensor(array, name=name)
+        leaves.append(leaf)
+    return leaves
+
+
+def _as_function(fn_or_op, attrs: dict) -> tuple[Callable, str]:
+    if isinstance(fn_or_op, type) and issubclass(fn_or_op, Op):
+        op = fn_or_op
+        return (lambda *xs: op.apply(*xs, **attrs)), op.name
+    if attrs:
+        raise TypeError("check: keyword attributes are only accepted with an Op class")
+    return fn_or_op, getattr(fn_or_op, "__name__", "function")
+
+
+def _cotangent(shape, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(0.5, 1.5, size=shape) * np.where(
+        np.random.default_rng(seed + 1).random(shape) < 0.5, -1.0, 1.0)
+
+
+def _tolerance(dtype) -> tuple[float, float]:
+    """(rtol, atol) for comparing a backward computed in ``dtype`` with an exact value."""
+    return (1e-7, 1e-9) if np.dtype(dtype) == np.float64 else (2e-3, 1e-4)
+
+
+def _compare(name, leaf: Tensor, expected: np.ndarray, rtol: float, atol: float) -> InputError:
+    got = np.zeros(leaf.shape) if leaf.grad is None else leaf.grad.numpy().astype(np.float64)
+    diff = np.abs(got - expected)
+    rel = diff / np.maximum(np.abs(expected), 1e-12)
+    ok = bool(np.all(diff <= atol + rtol * np.abs(expected)))
+    return InputError(name, leaf.shape, str(leaf.dtype), float(diff.max(initial=0.0)),
+                      float(rel.max(initial=0.0)), ok)
+
+
+# ---------------------------------------------------------------- finite differences
+
+
+def gradcheck(fn_or_op, *inputs, eps: float = 1e-6, atol: float = 1e-6, rtol: float = 1e-5,
+              seed: int = 0, **attrs) -> Report:
+    """Compare ``backward`` with central differences in float64.
+
+    Args:
+        fn_or_op: a function of tensors returning a float tensor, or an Op class (then
+            ``attrs`` are its attributes).
+        inputs: arrays or tensors; float ones are copied to float64 and perturbed, integer
+            and boolean ones (ids, masks) pass through unchanged.
+        eps: the finite-difference step.
+    """
+    fn, target = _as_function(fn_or_op, attrs)
+    report = Report("gradcheck", target)
+    leaves = _as_leaves(inputs)
+    try:
+        out = fn(*leaves)
+        c = _cotangent(out.shape, seed)
+        out.backward(c.astype(out.dtype))
+        if out.dtype != np.float64:
+            # A float32 output rounds at ~1e-7: a tiny step would measure only rounding.
+            eps, atol, rtol = max(eps, 1e-3), max(atol, 1e-3), max(rtol, 1e-2)
+    except Exception as err:  # the report says what broke instead of raising mid-check
+        report.error = f"{type(err).__name__}: {err}"
+        return report
+
+    def loss() -> float:
+        with autograd.no_grad():
+            return float(np.sum(np.asarray(fn(*leaves).numpy(), dtype=np.float64) * c))
+
+    for leaf in leaves:
+        if not leaf.requires_grad:
+            continue
+        values = leaf.data  # perturbed in place, restored after each element
+        numeric = np.zeros(leaf.shape)
+        for index in np.ndindex(leaf.shape):
+            original = values[index]
+            values[index] = original + eps
+            upper = loss()
+            values[index] = original - eps
+            lower = loss()
+            values[index] = original
+            numeric[index] = (upper - lower) / (2 * eps)
+        report.inputs.append(_compare(leaf.name, leaf, numeric, rtol, atol))
+    return report
+
+
+# ---------------------------------------------------------------- exact, with sympy
+
+
+def _symbols(sp, name: str, shape) -> np.ndarray:
+    out = np.empty(shape, dtype=object)
+    for index in np.ndindex(shape):
+        label = name + ("[" + ",".join(map(str, index)) + "]" if shape else "")
+        out[index] = sp.Symbol(label, real=True)
+    return out
+
+
+def _constant(sp, array: np.ndarray) -> np.ndarray:
+    array = np.asarray(array)
+    if array.dtype.kind != "f":
+        return array  # ids and masks are used as indices and conditions, not differentiated
+    out = np.empty(array.shape, dtype=object)
+    for index in np.ndindex(array.shape):
+        value = float(array[index])
+        out[index] = sp.Integer(int(value)) if value.is_integer() else sp.Float(value, 30)
+    return out
+
+
+def _replay(sp, root: Tensor, leaf_symbols: dict[int, np.ndarray]) -> np.ndarray:
+    """The graph of ``root`` evaluated on sympy expressions, op by op (no recursion)."""
+    values: dict[int, np.ndarray] = {}
+
+    def value_of(t: Tensor) -> np.ndarray:
+        key = id(t)
+        if key not in values:
+            values[key] = leaf_symbols[key] if key in leaf_symbols else _constant(sp, t.numpy())
+        return values[key]
+
+    for t in reversed(autograd.toposort(root)):
+        if t.node is None:
+            continue
+        args = [value_of(x) for x in t.node.inputs]
+        result = type(t.node.op).symbolic(sp, *args, **t.node.attrs)
+        values[id(t)] = np.asarray(result, dtype=object).reshape(t.shape)
+    return value_of(root)
+
+
+def _number(sp, expr) -> float:
+    value = sp.sympify(expr).evalf(30)
+    if not value.is_number or value.has(sp.zoo, sp.nan):
+        raise ValueError(f"the exact derivative does not evaluate to a number here: {value}")
+    return float(value)
+
+
+def _formula(sp, out_exprs: np.ndarray, leaf_symbols: np.ndarray) -> str:
+    """One exact partial derivative for the report: the first output entry and leaf entry
+    that depend on each other, as sympy derives it (unsimplified, so it reads like the
+    textbook rule, e.g. 1 - tanh(x)**2)."""
+    outs = out_exprs.reshape(-1)
+    for symbol in leaf_symbols.reshape(-1)[:16]:
+        for k, expr in enumerate(outs[:16]):
+            if symbol in sp.sympify(expr).free_symbols:
+                name = f"y[{k}]" if outs.size > 1 else "y"
+                text = str(sp.diff(expr, symbol))
+                text = text if len(text) <= 160 else text[:157] + "..."
+                return f"d {name} / d {symbol} = {text}"
+    return ""
+
+
+def symbolic(fn_or_op, *inputs, seed: int = 0, **attrs) -> Report:
+    """Differentiate the recorded graph exactly with sympy and compare with ``backward``.
+
+    Args:
+        fn_or_op: a function of tensors, or an Op class (then ``attrs`` are its attributes).
+        inputs: arrays or tensors at small shapes (each float entry becomes a symbol).
+
+    Returns:
+        A Report: per checked leaf the largest error and one derived formula
+        (d output[0] / d leaf[0]), and the forward values against the replay.
+    """
+    import sympy as sp
+
+    fn, target = _as_function(fn_or_op, attrs)
+    report = Report("symbolic", target)
+    leaves = _as_leaves(inputs)
+    try:
+        out = fn(*leaves)
+        if not out.requires_grad:
+            raise ValueError("the output does not depend on any input that requires grad")
+        c = _cotangent(out.shape, seed)
+        out.backward(c.astype(out.dtype), retain_graph=True)
+
+        checked = [t for t in autograd.toposort(out) if t.node is None]
+        names = {id(t): t.name or f"p{k}" for k, t in enumerate(checked)}
+        symbols = {id(t): _symbols(sp, names[id(t)], t.shape) for t in checked}
+        out_exprs = _replay(sp, out, symbols)
+
+        subs = {}
+        for t in checked:
+            for index in np.ndindex(t.shape):
+                subs[symbols[id(t)][index]] = sp.Float(float(t.numpy()[index]), 30)
+
+        forward = np.array([_number(sp, e.xreplace(subs)) for e in out_exprs.reshape(-1)])
+        report.forward_err = float(np.max(np.abs(forward - out.numpy().reshape(-1).astype(np.float64)),
+                                          initial=0.0))
+        rtol, atol = _tolerance(out.dtype)
+        scale = 1.0 + float(np.max(np.abs(forward), initial=0.0))
+        report.forward_ok = report.forward_err <= atol * scale + rtol * scale
+
+        loss = sp.Add(*[sp.Float(ci, 30) * e for ci, e in zip(c.reshape(-1), out_exprs.reshape(-1))])
+        for t in checked:
+            sym = symbols[id(t)]
+            exact = np.zeros(t.shape)
+            for index in np.ndindex(t.shape):
+                exact[index] = _number(sp, sp.diff(loss, sym[index]).xreplace(subs))
+            rtol, atol = _tolerance(t.dtype)
+            result = _compare(names[id(t)], t, exact, rtol, atol)
+            result.formula = _formula(sp, out_exprs, sym)
+            report.inputs.append(result)
+    except Exception as err:  # the report says what broke instead of raising mid-check
+        report.error = f"{type(err).__name__}: {err}"
+    return report
+
+
+# ---------------------------------------------------------------- every op
+
+
+@dataclass
+class OpsReport:
+    """Both checks for every example of every registered op."""
+
+    rows: list[tuple[str, int, Report | None, Report | None, str | None]]
+
+    @property
+    def ok(self) -> bool:
+        return all(problem is None and s.ok and g.ok for _, _, s, g, problem in self.rows)
+
+    @property
+    def failures(self) -> list[str]:
+        bad = []
+        for name, k, s, g, problem in self.rows:
+            if problem is not None:
+                bad.append(f"{name}: {problem}")
+            else:
+                bad += [f"{name} example {k}:\n{r}" for r in (s, g) if not r.ok]
+        return bad
+
+    def __str__(self) -> str:
+        ops_seen = sorted({r[0] for r in self.rows})
+        width = max(len(n) for n in ops_seen) if ops_seen else 4
+        lines = [f"{'op':<{width}}  ex  symbolic max err  gradcheck max err  status",
+                 "-" * (width + 50)]
+        for name, k, s, g, problem in self.rows:
+            if problem is not None:
+                lines.append(f"{name:<{width}}   -  {'-':>16}  {'-':>17}  FAILED: {problem}")
+                continue
+            status = "ok" if s.ok and g.ok else "FAILED"
+            numeric = f"{'skipped':>17}" if g.skipped else f"{g.max_err:>17.2e}"
+            lines.append(f"{name:<{width}}  {k:>2}  {s.max_err:>16.2e}  {numeric}  {status}")
+        passed = sum(1 for n in ops_seen if all(
+            p is None and s.ok and g.ok for m, _, s, g, p in self.rows if m == n))
+        lines.append(f"{passed} of {len(ops_seen)} ops pass both checks")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def ops(names=None) -> OpsReport:
+    """Run ``symbolic`` and ``gradcheck`` on every example of every registered op.
+
+    Args:
+        names: restrict to these op names (default: the whole registry).
+    """
+    rows = []
+    for name in sorted(names if names is not None else autograd.registry):
+        op = autograd.registry[name]
+        examples = op.examples()
+        if not examples:
+            rows.append((name, 0, None, None, "no examples() to check it at"))
+            continue
+        for k, example in enumerate(examples):
+            exact = symbolic(op, *example.inputs, **example.attrs)
+            if example.finite_differences:
+                numeric = gradcheck(op, *example.inputs, **example.attrs)
+            else:
+                numeric = Report("gradcheck", op.name,
+                                 skipped="stop-gradient by design; the symbolic check covers it")
+            rows.append((name, k, exact, numeric, None))
+    return OpsReport(rows)
+
+

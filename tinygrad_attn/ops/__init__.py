@@ -1,0 +1,42 @@
+"""Every op of the engine, registered in ``registry``.
+
+Write your own the same way; it gets ``ta.check`` verification and graph records for free:
+
+    @ta.ops.register
+    class MyOp(ta.ops.Op):
+        ...
+    y = MyOp.apply(x, some_attr=1)
+"""
+
+from ..autograd import Example, Op, register, registry
+from . import elementwise, linalg, movement, nn, reduce
+from .elementwise import (
+    Add,
+    Cast,
+    Div,
+    Exp,
+    LeakyRelu,
+    Log,
+    MaskedFill,
+    Mul,
+    Neg,
+    Pow,
+    Relu,
+    Sigmoid,
+    Sub,
+    Tanh,
+    Where,
+)
+from .linalg import MatMul
+from .movement import Cat, Expand, GetItem, Permute, Reshape, Stack
+from .nn import CrossEntropy, Dropout, Embedding, LogSoftmax, NLLLoss, Softmax
+from .reduce import Max, Mean, Sum
+
+__all__ = [
+    "Op", "Example", "register", "registry",
+    "elementwise", "linalg", "movement", "nn", "reduce",
+    "Add", "Sub", "Mul", "Div", "Neg", "Pow", "Exp", "Log", "Tanh", "Sigmoid", "Relu",
+    "LeakyRelu", "Where", "MaskedFill", "Cast", "MatMul", "Reshape", "Permute", "Expand",
+    "GetItem", "Cat", "Stack", "Sum", "Mean", "Max", "Softmax", "LogSoftmax", "CrossEntropy",
+    "NLLLoss", "Embedding", "Dropout",
+]

@@ -1,0 +1,67 @@
+"""Matrix product with numpy's batching rules (1-D operands, broadcast batch axes)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..autograd import Example, Op, register
+from ._common import check_float, check_same_dtype, uniform
+
+
+def _swap_last(k, x):
+    axes = tuple(range(x.ndim - 2)) + (x.ndim - 1, x.ndim - 2)
+    return k.permute(x, axes)
+
+
+@register
+class MatMul(Op):
+    """y = a @ b: (..., n, k) @ (..., k, m) -> (..., n, m), batch axes broadcast;
+    a 1-D a is a row (k,), a 1-D b a column (k,), and that axis is dropped from y."""
+
+    @staticmethod
+    def symbolic(sp, a, b):
+        return np.matmul(np.asarray(a, dtype=object), np.asarray(b, dtype=object))
+
+    def forward(self, a, b):
+        check_same_dtype(self, a, b)
+        check_float(self, a)
+        if a.ndim == 0 or b.ndim == 0:
+            self.fail(f"operands must have at least 1 axis, got shapes {tuple(a.shape)} @ {tuple(b.shape)}")
+        k = self.backend
+        a2 = k.reshape(a, (1,) + a.shape) if a.ndim == 1 else a   # (..., n, k)
+        b2 = k.reshape(b, b.shape + (1,)) if b.ndim == 1 else b   # (..., k, m)
+        if a2.shape[-1] != b2.shape[-2]:
+            self.fail(f"inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)} "
+                      f"({a2.shape[-1]} != {b2.shape[-2]})")
+        try:
+            batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+        except ValueError:
+            self.fail(f"batch axes do not broadcast: {tuple(a.shape)} @ {tuple(b.shape)}")
+        y2 = k.matmul(a2, b2)                                      # (..., n, m)
+        self.saved = (a2, b2, a.shape, b.shape, y2.shape)
+        shape = tuple(batch)
+        shape += () if a.ndim == 1 else (a2.shape[-2],)
+        shape += () if b.ndim == 1 else (b2.shape[-1],)
+        return k.reshape(y2, shape)
+
+    def backward(self, dy):
+        a2, b2, a_shape, b_shape, y2_shape = self.saved
+        k = self.backend
+        dy2 = k.reshape(dy, y2_shape)                               # (..., n, m)
+        da = db = None
+        if self.needs_grad[0]:
+            da = k.matmul(dy2, _swap_last(k, b2))                   # (..., n, k)
+            da = k.reshape(k.sum_to(da, a2.shape), a_shape)
+        if self.needs_grad[1]:
+            db = k.matmul(_swap_last(k, a2), dy2)                   # (..., k, m)
+            db = k.reshape(k.sum_to(db, b2.shape), b_shape)
+        return da, db
+
+    @classmethod
+    def examples(cls):
+        return [
+            Example((uniform(400, 2, 3), uniform(401, 3, 2))),
+            Example((uniform(402, 2, 2, 3), uniform(403, 3, 2))),      # batch broadcast
+            Example((uniform(404, 3), uniform(405, 2, 3, 2))),         # 1-D @ batched
+            Example((uniform(406, 2, 3), uniform(407, 3))),            # matrix @ vector
+        ]

@@ -1,0 +1,287 @@
+"""Neural-network ops: the softmax family, fused losses, embedding lookup and dropout.
+
+Softmax-type ops subtract the row maximum before exp, so logits of 1e4 never overflow,
+and a row that is entirely -inf (every position masked) gives zeros instead of NaN.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..autograd import Example, Op, register
+from ._common import (
+    check_float,
+    check_integer,
+    elementwise,
+    normalize_axis,
+    stop_gradient,
+    uniform,
+)
+
+_NO_IGNORE = np.iinfo(np.int64).min  # ignore_index=None: a class id no target can have
+
+
+def _symbolic_log_softmax(sp, x, axis):
+    x = np.asarray(x, dtype=object)
+    total = np.sum(elementwise(sp.exp, x), axis=axis, keepdims=True)
+    return x - elementwise(sp.log, total)
+
+
+@register
+class Softmax(Op):
+    """y_i = exp(x_i) / sum_j exp(x_j) along ``axis``"""
+
+    @staticmethod
+    def symbolic(sp, x, axis):
+        e = elementwise(sp.exp, np.asarray(x, dtype=object))
+        return e / np.sum(e, axis=axis, keepdims=True)
+
+    def forward(self, x):
+        check_float(self, x)
+        self.attrs["axis"] = normalize_axis(self, self.axis, x.ndim)
+        y = self.backend.softmax(x, self.axis)
+        self.saved = (y,)
+        return y
+
+    def backward(self, dy):
+        (y,) = self.saved
+        return (self.backend.softmax_back(y, dy, self.axis),)
+
+    @classmethod
+    def examples(cls):
+        return [Example((uniform(500, 2, 3),), {"axis": 1}),
+                Example((uniform(501, 3, 2),), {"axis": 0})]
+
+
+@register
+class LogSoftmax(Op):
+    """y_i = x_i - log sum_j exp(x_j) along ``axis``"""
+
+    @staticmethod
+    def symbolic(sp, x, axis):
+        return _symbolic_log_softmax(sp, x, axis)
+
+    def forward(self, x):
+        check_float(self, x)
+        self.attrs["axis"] = normalize_axis(self, self.axis, x.ndim)
+        y = self.backend.log_softmax(x, self.axis)
+        self.saved = (y,)
+        return y
+
+    def backward(self, dy):
+        (y,) = self.saved
+        return (self.backend.log_softmax_back(y, dy, self.axis),)
+
+    @classmethod
+    def examples(cls):
+        return [Example((uniform(510, 2, 3),), {"axis": 1}),
+                Example((uniform(511, 3, 2),), {"axis": 0})]
+
+
+# ---------------------------------------------------------------- losses
+
+
+def _check_targets(op, scores, target, ignore_index) -> None:
+    """Targets (...) index classes on the last axis of scores (..., C)."""
+    check_float(op, scores, "scores")
+    check_integer(op, target, "target")
+    if scores.ndim == 0 or tuple(target.shape) != tuple(scores.shape[:-1]):
+        op.fail(f"target shape {tuple(target.shape)} must equal the scores shape without its "
+                f"class axis: scores {tuple(scores.shape)} -> target {tuple(scores.shape[:-1])}")
+    classes = scores.shape[-1]
+    bad = ((target < 0) | (target >= classes)) & (target != ignore_index)
+    if np.any(bad):
+        value = int(np.asarray(target)[np.asarray(bad)][0])
+        op.fail(f"target value {value} is outside [0, {classes}) for scores of shape "
+                f"{tuple(scores.shape)}")
+
+
+def _reduce(k, rows, count: int, reduction: str, shape):
+    """Per-row losses (N,) -> the requested reduction.  'mean' divides by the number of
+    rows not ignored; with every row ignored the mean is 0, not NaN."""
+    if reduction == "none":
+        return k.reshape(rows, shape)
+    total = k.sum(rows, None, False)
+    if reduction == "sum":
+        return total
+    return k.div(total, k.full((), max(count, 1), rows.dtype))
+
+
+def _row_grads(k, dy, count: int, reduction: str, n: int):
+    if reduction == "none":
+        return k.reshape(dy, (n,))
+    if reduction == "mean":
+        dy = k.div(dy, k.full((), max(count, 1), dy.dtype))
+    return k.broadcast_to(k.reshape(dy, (1,)), (n,))
+
+
+def _symbolic_reduce(sp, rows, keep, reduction, shape):
+    if reduction == "none":
+        return np.asarray(rows, dtype=object).reshape(shape)
+    total = sp.Add(*rows)
+    return total if reduction == "sum" else total / max(int(np.sum(keep)), 1)
+
+
+def _check_reduction(op) -> None:
+    if op.reduction not in ("mean", "sum", "none"):
+        op.fail(f"reduction must be 'mean', 'sum' or 'none', got {op.reduction!r}")
+
+
+def _loss_examples(seed: int, scores_fn) -> list[Example]:
+    target = np.array([[2, 0, 1], [1, 1, 3]])
+    return [
+        Example((scores_fn(seed, 2, 3, 4), target), {"ignore_index": None, "reduction": "mean"}),
+        Example((scores_fn(seed + 1, 2, 3, 4), target), {"ignore_index": 1, "reduction": "mean"}),
+        Example((scores_fn(seed + 2, 3, 4), target[0]), {"ignore_index": None, "reduction": "sum"}),
+        Example((scores_fn(seed + 3, 2, 3, 4), target), {"ignore_index": 0, "reduction": "none"}),
+    ]
+
+
+@register
+class CrossEntropy(Op):
+    """loss = -log softmax(logits)[target], classes on the last axis, fused in one kernel.
+
+    Rows whose target equals ``ignore_index`` contribute nothing; 'mean' averages over the
+    rows that are not ignored.
+    """
+
+    @staticmethod
+    def symbolic(sp, logits, target, ignore_index, reduction):
+        logp = _symbolic_log_softmax(sp, logits, -1)
+        classes = logp.shape[-1]
+        flat, t = logp.reshape(-1, classes), np.asarray(target).reshape(-1)
+        keep = t != (_NO_IGNORE if ignore_index is None else ignore_index)
+        rows = [-flat[i, t[i]] if keep[i] else sp.Integer(0) for i in range(len(t))]
+        return _symbolic_reduce(sp, rows, keep, reduction, target.shape)
+
+    def forward(self, logits, target):
+        _check_reduction(self)
+        ignore = _NO_IGNORE if self.ignore_index is None else self.ignore_index
+        _check_targets(self, logits, target, ignore)
+        k = self.backend
+        classes = logits.shape[-1]
+        logits2 = k.reshape(logits, (-1, classes))                # (N, C)
+        target1 = k.reshape(target, (-1,))                        # (N,)
+        rows, lse = k.cross_entropy(logits2, target1, ignore)
+        count = int(np.sum(np.asarray(k.to_numpy(target1)) != ignore))
+        self.saved = (logits2, lse, target1, ignore, count, logits.shape)
+        return _reduce(k, rows, count, self.reduction, target.shape)
+
+    def backward(self, dy):
+        logits2, lse, target1, ignore, count, shape = self.saved
+        k = self.backend
+        drows = _row_grads(k, dy, count, self.reduction, logits2.shape[0])
+        return k.reshape(k.cross_entropy_back(logits2, lse, target1, ignore, drows), shape), None
+
+    @classmethod
+    def examples(cls):
+        return _loss_examples(600, uniform)
+
+
+@register
+class NLLLoss(Op):
+    """loss = -logp[target] for log-probabilities ``logp``, classes on the last axis."""
+
+    @staticmethod
+    def symbolic(sp, logp, target, ignore_index, reduction):
+        logp = np.asarray(logp, dtype=object)
+        classes = logp.shape[-1]
+        flat, t = logp.reshape(-1, classes), np.asarray(target).reshape(-1)
+        keep = t != (_NO_IGNORE if ignore_index is None else ignore_index)
+        rows = [-flat[i, t[i]] if keep[i] else sp.Integer(0) for i in range(len(t))]
+        return _symbolic_reduce(sp, rows, keep, reduction, target.shape)
+
+    def forward(self, logp, target):
+        _check_reduction(self)
+        ignore = _NO_IGNORE if self.ignore_index is None else self.ignore_index
+        _check_targets(self, logp, target, ignore)
+        k = self.backend
+        classes = logp.shape[-1]
+        logp2 = k.reshape(logp, (-1, classes))                    # (N, C)
+        target1 = k.reshape(target, (-1,))                        # (N,)
+        rows = k.nll_loss(logp2, target1, ignore)
+        count = int(np.sum(np.asarray(k.to_numpy(target1)) != ignore))
+        self.saved = (logp2.shape, target1, ignore, count, logp.shape)
+        return _reduce(k, rows, count, self.reduction, target.shape)
+
+    def backward(self, dy):
+        shape2, target1, ignore, count, shape = self.saved
+        k = self.backend
+        drows = _row_grads(k, dy, count, self.reduction, shape2[0])
+        return k.reshape(k.nll_loss_back(shape2, target1, ignore, drows), shape), None
+
+    @classmethod
+    def examples(cls):
+        return _loss_examples(610, lambda seed, *shape: uniform(seed, *shape, low=-3.0, high=-0.1))
+
+
+# ---------------------------------------------------------------- embedding and dropout
+
+
+@register
+class Embedding(Op):
+    """y[...] = weight[ids[...]]: a row lookup; the row ``padding_idx`` gets no gradient."""
+
+    @staticmethod
+    def symbolic(sp, weight, ids, padding_idx):
+        weight = np.asarray(weight, dtype=object).copy()
+        if padding_idx is not None:
+            weight[padding_idx] = [stop_gradient(sp, w) for w in weight[padding_idx]]
+        return weight[np.asarray(ids)]
+
+    def forward(self, weight, ids):
+        check_float(self, weight, "weight")
+        check_integer(self, ids, "ids")
+        if weight.ndim != 2:
+            self.fail(f"weight must be 2-D (num_embeddings, dim), got shape {tuple(weight.shape)}")
+        rows = weight.shape[0]
+        if self.padding_idx is not None and not 0 <= self.padding_idx < rows:
+            self.fail(f"padding_idx {self.padding_idx} is outside [0, {rows})")
+        if ids.size and (ids.min() < 0 or ids.max() >= rows):
+            bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
+            self.fail(f"id {bad} is outside [0, {rows}) for weight of shape {tuple(weight.shape)}")
+        self.saved = (rows, ids)
+        return self.backend.embedding(weight, ids)
+
+    def backward(self, dy):
+        rows, ids = self.saved
+        return self.backend.embedding_back(rows, ids, dy, self.padding_idx), None
+
+    @classmethod
+    def examples(cls):
+        ids = np.array([[1, 3], [3, 0]])
+        return [Example((uniform(700, 5, 3), ids), {"padding_idx": None}),
+                # The padding row is a stop-gradient: finite differences see its true slope.
+                Example((uniform(701, 5, 3), ids), {"padding_idx": 3}, finite_differences=False)]
+
+
+@register
+class Dropout(Op):
+    """y = x * mask / (1 - p): ``mask`` (boolean, drawn by functional.dropout) keeps an
+    entry with probability 1 - p, and the scale keeps the expected value unchanged."""
+
+    @staticmethod
+    def symbolic(sp, x, mask, p):
+        scale = sp.Float(_scale(p), 30)
+        return np.asarray(x, dtype=object) * np.where(mask, scale, sp.Integer(0))
+
+    def forward(self, x):
+        check_float(self, x)
+        if tuple(self.mask.shape) != tuple(x.shape):
+            self.fail(f"mask shape {tuple(self.mask.shape)} differs from input shape {tuple(x.shape)}")
+        multiplier = self.backend.asarray(self.mask * _scale(self.p), x.dtype)
+        self.saved = (multiplier,)
+        return self.backend.mul(x, multiplier)
+
+    def backward(self, dy):
+        (multiplier,) = self.saved
+        return (self.backend.mul(dy, multiplier),)
+
+    @classmethod
+    def examples(cls):
+        mask = np.array([[True, False, True], [True, True, False]])
+        return [Example((uniform(710, 2, 3),), {"mask": mask, "p": 0.25})]
+
+
+def _scale(p: float) -> float:
+    return 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
