@@ -429,9 +429,9 @@ def _check_finite(node: Node, input_grads) -> None:
         if np.all(np.isfinite(values)):
             continue
         kind = "NaN" if np.isnan(values).any() else "inf"
-        where = f", created at {node.where}" if node.where else ""
         at = f" in scope {node.scope!r}" if node.scope else ""
+        where = f"; the op was created at {node.where}" if node.where else ""
         raise RuntimeError(
-            f"detect_anomaly: backward of {node.op!r}{at}{where} produced {kind} in the "
-            f"gradient of input {k} (shape {tuple(values.shape)})"
+            f"detect_anomaly: backward of {node.op!r}{at} produced {kind} in the gradient of "
+            f"input {k} (shape {tuple(values.shape)}){where}"
         )

@@ -14,7 +14,7 @@ graph is checked: the inputs you pass and any parameters ``fn`` uses.
 
 from __future__ import annotations
 
-import math
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -86,11 +86,21 @@ class Report:
 # ---------------------------------------------------------------- shared plumbing
 
 
-def _as_leaves(inputs) -> list[Tensor]:
+def _input_names(fn, count: int) -> list[str]:
+    """Names for the inputs in reports: the function's own parameter names if it has them."""
+    try:
+        params = [p.name for p in inspect.signature(fn).parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    except (TypeError, ValueError):
+        params = []
+    return [params[k] if k < len(params) else f"x{k}" for k in range(count)]
+
+
+def _as_leaves(inputs, names: list[str]) -> list[Tensor]:
     """Float inputs become fresh float64 leaves that require grad; ids and masks stay."""
     leaves = []
     for k, x in enumerate(inputs):
-        name = getattr(x, "name", None) or f"x{k}"
+        name = getattr(x, "name", None) or names[k]
         array = np.asarray(x.numpy() if isinstance(x, Tensor) else x)
         if array.dtype.kind == "f":
             leaf = Tensor(array, requires_grad=True, dtype=np.float64, name=name)
@@ -103,7 +113,11 @@ def _as_leaves(inputs) -> list[Tensor]:
 def _as_function(fn_or_op, attrs: dict) -> tuple[Callable, str]:
     if isinstance(fn_or_op, type) and issubclass(fn_or_op, Op):
         op = fn_or_op
-        return (lambda *xs: op.apply(*xs, **attrs)), op.name
+
+        def apply_op(*xs):
+            return op.apply(*xs, **attrs)
+
+        return apply_op, op.name
     if attrs:
         raise TypeError("check: keyword attributes are only accepted with an Op class")
     return fn_or_op, getattr(fn_or_op, "__name__", "function")
@@ -144,7 +158,7 @@ def gradcheck(fn_or_op, *inputs, eps: float = 1e-6, atol: float = 1e-6, rtol: fl
     """
     fn, target = _as_function(fn_or_op, attrs)
     report = Report("gradcheck", target)
-    leaves = _as_leaves(inputs)
+    leaves = _as_leaves(inputs, _input_names(fn, len(inputs)))
     try:
         out = fn(*leaves)
         c = _cotangent(out.shape, seed)
@@ -255,7 +269,7 @@ def symbolic(fn_or_op, *inputs, seed: int = 0, **attrs) -> Report:
 
     fn, target = _as_function(fn_or_op, attrs)
     report = Report("symbolic", target)
-    leaves = _as_leaves(inputs)
+    leaves = _as_leaves(inputs, _input_names(fn, len(inputs)))
     try:
         out = fn(*leaves)
         if not out.requires_grad:
@@ -263,7 +277,11 @@ def symbolic(fn_or_op, *inputs, seed: int = 0, **attrs) -> Report:
         c = _cotangent(out.shape, seed)
         out.backward(c.astype(out.dtype), retain_graph=True)
 
-        checked = [t for t in autograd.toposort(out) if t.node is None]
+        # The inputs in argument order, then any parameters fn used (e.g. a module's weights).
+        graph_leaves = [t for t in autograd.toposort(out) if t.node is None]
+        reached = {id(t) for t in graph_leaves}
+        checked = [t for t in leaves if id(t) in reached]
+        checked += [t for t in reversed(graph_leaves) if all(t is not c for c in checked)]
         names = {id(t): t.name or f"p{k}" for k, t in enumerate(checked)}
         symbols = {id(t): _symbols(sp, names[id(t)], t.shape) for t in checked}
         out_exprs = _replay(sp, out, symbols)
@@ -280,7 +298,8 @@ def symbolic(fn_or_op, *inputs, seed: int = 0, **attrs) -> Report:
         scale = 1.0 + float(np.max(np.abs(forward), initial=0.0))
         report.forward_ok = report.forward_err <= atol * scale + rtol * scale
 
-        loss = sp.Add(*[sp.Float(ci, 30) * e for ci, e in zip(c.reshape(-1), out_exprs.reshape(-1))])
+        pairs = zip(c.reshape(-1), out_exprs.reshape(-1), strict=True)
+        loss = sp.Add(*[sp.Float(ci, 30) * e for ci, e in pairs])
         for t in checked:
             sym = symbols[id(t)]
             exact = np.zeros(t.shape)

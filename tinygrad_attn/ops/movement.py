@@ -148,7 +148,7 @@ def _check_pieces(op, xs, axis: int, same_shape: bool) -> None:
     for x in xs[1:]:
         if x.ndim != len(first):
             op.fail(f"inputs have different numbers of axes: {[tuple(x.shape) for x in xs]}")
-        rest_equal = all(a == b for i, (a, b) in enumerate(zip(first, x.shape)) if i != axis)
+        rest_equal = all(a == b for i, (a, b) in enumerate(zip(first, x.shape, strict=True)) if i != axis)
         if not rest_equal or (same_shape and first != x.shape):
             where = "" if same_shape else f" except along axis {axis}"
             op.fail(f"input shapes must match{where}: {[tuple(x.shape) for x in xs]}")

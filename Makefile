@@ -1,0 +1,56 @@
+# The two set-up commands (they install everything they need on a fresh Debian machine):
+#   make demo   train a small model with the engine and verify its gradients with sympy
+#   make test   ruff + the whole test suite (what CI runs)
+
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || ! command -v sudo >/dev/null 2>&1 || echo sudo)
+
+.PHONY: demo test lint setup dot clean
+
+demo: setup dot
+	$(PY) examples/quickstart.py
+
+test: setup dot lint
+	$(PY) -m pytest
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+setup: $(STAMP)
+
+# The virtualenv; Debian ships venv support separately (python3-venv), installed when missing.
+$(PY):
+	@$(PYTHON) -c 'import sys; v = sys.version_info; sys.exit(0 if v >= (3, 11) else "Python 3.11 or newer is needed, found %d.%d" % v[:2])'
+	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
+	  rm -rf $(VENV); \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    echo "python venv support is missing: installing python3-venv with apt-get"; \
+	    $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq python3-venv && $(PYTHON) -m venv $(VENV); \
+	  else \
+	    echo "could not create a virtualenv: install Python's venv module (e.g. python3-venv)"; exit 1; \
+	  fi; }
+
+# The package (editable) with its dev extras; PyTorch is optional: its comparison tests skip without it.
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q torch==2.13.0 || echo "note: torch==2.13.0 is not installed; the PyTorch reference tests will be skipped"
+	@touch $(STAMP)
+
+# Graphviz's dot renders computation graphs; the graph tests use the real binary.
+dot:
+	@command -v dot >/dev/null 2>&1 || { \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    echo "Graphviz 'dot' is missing: installing graphviz with apt-get"; \
+	    $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq graphviz >/dev/null; \
+	  else \
+	    echo "Graphviz 'dot' is missing and apt-get is not available: install Graphviz (e.g. 'brew install graphviz' or 'dnf install graphviz')"; \
+	    exit 1; \
+	  fi; }
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,20 @@
+"""Shared fixtures: the devices every kernel must agree on, and hypothesis settings."""
+
+import pytest
+from hypothesis import settings
+from tinygrad_attn.compiler import available_devices, get_backend
+
+# Wall time is noisy on shared 2-core machines: hypothesis must never fail on a deadline.
+settings.register_profile("ci", deadline=None, max_examples=30, derandomize=True)
+settings.load_profile("ci")
+
+
+@pytest.fixture(params=available_devices())
+def device(request):
+    """Each device the engine knows, by name ("numpy" is the reference)."""
+    return request.param
+
+
+@pytest.fixture
+def backend(device):
+    return get_backend(device)

@@ -1,0 +1,178 @@
+"""Reverse-mode semantics: accumulation, graph shapes, no_grad, scopes, freed buffers."""
+
+import numpy as np
+import pytest
+
+import tinygrad_attn as ta
+from tinygrad_attn import Tensor
+
+
+def test_backward_chain_of_10000_steps_needs_no_recursion():
+    x = Tensor([0.5], requires_grad=True, dtype="float64")
+    y = x
+    for _ in range(10_000):
+        y = y * 1.0001
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [1.0001**10_000], rtol=1e-9)
+
+
+def test_backward_diamond_sums_both_paths():
+    x = Tensor([2.0], requires_grad=True, dtype="float64")
+    a = x * 3
+    b = x.exp()
+    (a * b).sum().backward()   # d/dx (3x e^x) = 3 e^x + 3x e^x
+    np.testing.assert_allclose(x.grad.numpy(), [3 * np.exp(2) * 3], rtol=1e-12)
+
+
+def test_backward_accumulates_across_calls():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    (x * x).sum().backward()
+    (x * 3).sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [2 + 3, 4 + 3])
+
+
+def test_grads_of_two_leaves_do_not_share_memory():
+    a = Tensor([1.0, 2.0], requires_grad=True)
+    b = Tensor([3.0, 4.0], requires_grad=True)
+    (a + b).sum().backward()
+    a.grad.data *= 0
+    np.testing.assert_array_equal(b.grad.numpy(), [1.0, 1.0])
+
+
+def test_backward_with_explicit_grad_for_non_scalar():
+    x = Tensor([[1.0, 2.0]], requires_grad=True)
+    (x * 2).backward(np.array([[10.0, 20.0]]))
+    np.testing.assert_allclose(x.grad.numpy(), [[20.0, 40.0]])
+
+
+def test_backward_non_scalar_without_grad_raises():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"not a scalar.*grad="):
+        (x * 2).backward()
+
+
+def test_backward_on_tensor_without_grad_raises():
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        Tensor([1.0]).sum().backward()
+
+
+def test_backward_grad_shape_must_match():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    with pytest.raises(ta.ShapeError, match=r"grad has shape \(3,\)"):
+        (x * 2).backward(np.ones(3))
+
+
+def test_second_backward_through_freed_buffers_raises():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    y = x.tanh().sum()
+    y.backward()
+    with pytest.raises(RuntimeError, match=r"saved buffers of Sum.*freed.*retain_graph=True"):
+        y.backward()
+
+
+def test_retain_graph_allows_a_second_backward():
+    x = Tensor([1.0, 2.0], requires_grad=True, dtype="float64")
+    y = x.tanh().sum()
+    y.backward(retain_graph=True)
+    y.backward()
+    np.testing.assert_allclose(x.grad.numpy(), 2 * (1 - np.tanh([1.0, 2.0]) ** 2))
+
+
+def test_integer_tensors_cannot_require_grad():
+    with pytest.raises(ta.DTypeError, match="only float tensors can require grad"):
+        Tensor([1, 2, 3], requires_grad=True)
+    with pytest.raises(ta.DTypeError):
+        Tensor([True, False]).requires_grad_()
+
+
+def test_no_grad_records_nothing():
+    x = Tensor([1.0], requires_grad=True)
+    with ta.no_grad():
+        y = x * 2
+        assert not ta.is_grad_enabled()
+        with ta.enable_grad():
+            z = x * 2
+    assert ta.is_grad_enabled()
+    assert y.node is None and not y.requires_grad
+    assert z.node is not None and z.requires_grad
+
+
+def test_no_grad_works_as_decorator():
+    @ta.no_grad()
+    def infer(x):
+        return x * 2
+
+    assert not infer(Tensor([1.0], requires_grad=True)).requires_grad
+
+
+def test_detach_cuts_the_graph():
+    x = Tensor([3.0], requires_grad=True, dtype="float64")
+    y = x * x.detach()       # d/dx = x (only the first factor is in the graph)
+    y.sum().backward()
+    np.testing.assert_allclose(x.grad.numpy(), [3.0])
+
+
+def test_scope_tags_every_node_and_nests():
+    x = Tensor(np.ones((2, 2)), requires_grad=True)
+    with ta.scope("decoder"), ta.scope("t2"):
+        with ta.scope("attention"):
+            w = x.softmax(axis=-1)
+        h = (w @ x).tanh()
+    outside = h.sum()
+    assert w.node.scope == "decoder/t2/attention"
+    assert h.node.scope == "decoder/t2"
+    assert h.node.inputs[0].node.scope == "decoder/t2"
+    assert outside.node.scope == ""
+
+
+def test_scope_rejects_bad_names():
+    with pytest.raises(ValueError, match="scope"):
+        with ta.scope("a/b"):
+            pass
+
+
+def test_node_records_op_inputs_attrs_shape_and_dtype():
+    x = Tensor(np.ones((2, 3)), requires_grad=True, dtype="float64", name="x")
+    y = x.sum(axis=-1, keepdims=True)
+    assert y.node.op_name == "Sum"
+    assert y.node.inputs == (x,)
+    assert y.node.attrs == {"axis": (1,), "keepdims": True}   # canonical axes
+    assert y.shape == (2, 1) and y.dtype == np.float64
+
+
+def test_retain_grad_keeps_intermediate_gradients():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    h = (x * 3).retain_grad()
+    (h * h).sum().backward()
+    np.testing.assert_allclose(h.grad.numpy(), [6.0, 12.0])
+    assert x.grad is not None
+
+
+def test_anomaly_mode_names_the_op_that_made_nan():
+    x = Tensor([0.0, 1.0], requires_grad=True, dtype="float64")
+    with ta.detect_anomaly(), np.errstate(all="ignore"):
+        y = (x.log() * 0.0).sum()          # Log's backward: 0 / 0 at x = 0
+        with pytest.raises(RuntimeError, match=r"backward of Log.*produced NaN.*created at .*test_autograd"):
+            y.backward()
+
+
+def test_without_anomaly_mode_nan_propagates_silently():
+    x = Tensor([0.0, 1.0], requires_grad=True, dtype="float64")
+    with np.errstate(all="ignore"):
+        (x.log() * 0.0).sum().backward()
+    assert np.isnan(x.grad.numpy()[0])
+
+
+def test_unused_input_gets_no_grad():
+    x = Tensor([1.0], requires_grad=True)
+    unused = Tensor([1.0], requires_grad=True)
+    (x * 2).sum().backward()
+    assert unused.grad is None
+
+
+def test_gradient_does_not_flow_into_integer_ids():
+    weight = Tensor(np.ones((4, 2)), requires_grad=True)
+    ids = Tensor([[0, 3]])
+    ta.functional.embedding(ids, weight).sum().backward()
+    assert ids.grad is None
+    np.testing.assert_array_equal(weight.grad.numpy()[:, 0], [1, 0, 0, 1])

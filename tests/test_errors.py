@@ -1,0 +1,80 @@
+"""Bad input gets a clear error naming the op and the shapes, never a numpy traceback."""
+
+import numpy as np
+import pytest
+
+import tinygrad_attn as ta
+import tinygrad_attn.functional as F
+from tinygrad_attn import Tensor
+
+
+def t(*shape, dtype="float32"):
+    return Tensor(np.ones(shape), dtype=dtype)
+
+
+@pytest.mark.parametrize("name, call, pattern", [
+    ("add", lambda: t(2, 3) + t(4), r"Add: shapes \(2, 3\) and \(4,\) do not broadcast"),
+    ("mul", lambda: t(2, 3) * t(3, 2), r"Mul: shapes \(2, 3\) and \(3, 2\) do not broadcast"),
+    ("matmul", lambda: t(2, 3) @ t(4, 5), r"MatMul: inner dimensions differ: \(2, 3\) @ \(4, 5\)"),
+    ("matmul batch", lambda: t(2, 2, 3) @ t(3, 3, 1), r"MatMul: batch axes do not broadcast"),
+    ("matmul 0-d", lambda: t() @ t(2), r"MatMul: operands must have at least 1 axis"),
+    ("reshape", lambda: t(2, 3).reshape(4, 2), r"Reshape: cannot reshape \(2, 3\) \(6 elements\) to \(4, 2\)"),
+    ("reshape -1", lambda: t(2, 3).reshape(-1, 4), r"Reshape: cannot reshape \(2, 3\)"),
+    ("permute", lambda: t(2, 3).permute(0, 0), r"Permute: axes \(0, 0\) are not a permutation"),
+    ("expand", lambda: t(2, 3).expand(4, 3), r"Expand: cannot expand shape \(2, 3\) to \(4, 3\)"),
+    ("sum axis", lambda: t(2, 3).sum(axis=2), r"Sum: axis 2 is out of range for a 2-d input"),
+    ("softmax axis", lambda: t(2, 3).softmax(axis=-3), r"Softmax: axis -3 is out of range"),
+    ("cat", lambda: ta.cat([t(2, 3), t(2, 4)], axis=0), r"Cat: input shapes must match except along axis 0"),
+    ("stack", lambda: ta.stack([t(2, 3), t(3, 2)]), r"Stack: input shapes must match"),
+    ("getitem", lambda: t(2, 3)[5], r"GetItem: index \[5\] is invalid for shape \(2, 3\)"),
+    ("masked_fill", lambda: t(2, 3).masked_fill(np.ones((4, 2, 3), bool), 0.0),
+     r"MaskedFill: mask of shape \(4, 2, 3\) would enlarge the input of shape \(2, 3\)"),
+    ("masked_fill broadcast", lambda: t(2, 3).masked_fill(np.ones((2,), bool), 0.0),
+     r"MaskedFill: shapes \(2, 3\) and \(2,\) do not broadcast"),
+    ("where", lambda: ta.where(np.ones((2,), bool), t(2, 3), t(2, 3)), r"Where: shapes .* do not broadcast"),
+    ("cross_entropy shape", lambda: F.cross_entropy(t(2, 3, 5), np.zeros((3, 2), int)),
+     r"CrossEntropy: target shape \(3, 2\) must equal the scores shape without its class axis"),
+    ("cross_entropy value", lambda: F.cross_entropy(t(2, 5), np.array([1, 7])),
+     r"CrossEntropy: target value 7 is outside \[0, 5\)"),
+    ("nll_loss reduction", lambda: F.nll_loss(t(2, 5), np.array([1, 2]), reduction="avg"),
+     r"NLLLoss: reduction must be"),
+    ("embedding id", lambda: F.embedding(np.array([0, 9]), t(4, 2)), r"Embedding: id 9 is outside \[0, 4\)"),
+    ("embedding weight", lambda: F.embedding(np.array([0]), t(4)), r"Embedding: weight must be 2-D"),
+    ("mse_loss", lambda: F.mse_loss(t(2, 3), t(3)), r"mse_loss: input shape \(2, 3\) differs from target shape \(3,\)"),
+    ("transpose", lambda: t(2, 3).transpose(0, 2), r"transpose: axes \(0, 2\) are out of range for shape \(2, 3\)"),
+    ("squeeze", lambda: t(2, 3).squeeze(0), r"squeeze: axis 0 of shape \(2, 3\) has size 2"),
+    ("dropout p", lambda: F.dropout(t(2), p=1.5), r"dropout: p must be in \[0, 1\]"),
+])
+def test_bad_shapes_raise_errors_naming_the_op(name, call, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        call()
+
+
+@pytest.mark.parametrize("name, call, pattern", [
+    ("add", lambda: t(2, 3) + t(2, 3, dtype="float64"),
+     r"Add: dtype mismatch: float32 \(2, 3\) and float64 \(2, 3\)"),
+    ("matmul", lambda: t(2, 3) @ t(3, 2, dtype="float64"), r"MatMul: dtype mismatch"),
+    ("ids times float", lambda: Tensor([1, 2]) * 0.5, r"Mul: cannot combine a int64 tensor"),
+    ("exp of ids", lambda: Tensor([1, 2]).exp(), r"Exp: input must be a float tensor, got int64"),
+    ("float target", lambda: F.cross_entropy(t(2, 3), t(2)), r"CrossEntropy: target must be an integer tensor"),
+    ("masked_fill float mask", lambda: t(2).masked_fill(t(2), 0.0), r"MaskedFill: mask must be a boolean tensor"),
+    ("unsupported dtype", lambda: Tensor([1.0], dtype="float16"), r"unsupported dtype float16"),
+])
+def test_bad_dtypes_raise_errors_naming_the_op(name, call, pattern):
+    with pytest.raises(TypeError, match=pattern):
+        call()
+
+
+def test_mixing_devices_raises():
+    with pytest.raises(ta.DeviceError, match=r"Add: inputs are on different devices \(cpu \(2,\), numpy \(2,\)\)"):
+        Tensor([1.0, 2.0]) + Tensor([1.0, 2.0], device="numpy")
+
+
+def test_unknown_device_lists_the_known_ones():
+    with pytest.raises(ValueError, match=r"unknown device 'tpu'; known devices: 'numpy', 'cpu'"):
+        Tensor([1.0], device="tpu")
+
+
+def test_setitem_is_refused_with_a_hint():
+    with pytest.raises(TypeError, match="does not support item assignment.*ta.where"):
+        t(2)[0] = 1.0

@@ -1,0 +1,58 @@
+"""The recorded graph as text: one line per tensor, in the order it was computed."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def nodes(root) -> list:
+    """Every tensor that ``root`` was computed from (leaves and constants included),
+    inputs before the tensors made from them.  Iterative: deep unrolls need no recursion."""
+    order, seen, stack = [], set(), [(root, False)]
+    while stack:
+        t, expanded = stack.pop()
+        if expanded:
+            order.append(t)
+            continue
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        stack.append((t, True))
+        if t.node is not None:
+            stack.extend((x, False) for x in reversed(t.node.inputs) if id(x) not in seen)
+    return order
+
+
+def _label(t) -> str:
+    dtype = "" if t.dtype == np.float32 else f" {t.dtype}"
+    return f"{tuple(t.shape)}{dtype}"
+
+
+def summary(root) -> str:
+    """One line per tensor: id, what made it (op and attributes, or leaf/constant), the
+    ids of its inputs, its shape, and the scope it was made in.
+
+    Example:
+        >>> print(ta.viz.summary((x @ W).tanh().sum()))
+        %0  leaf 'x'                (2, 3)
+        %1  leaf 'W'                (3, 4)
+        %2  MatMul(%0, %1)          (2, 4)
+        ...
+    """
+    order = nodes(root)
+    ids = {id(t): k for k, t in enumerate(order)}
+    rows = []
+    for k, t in enumerate(order):
+        if t.node is None:
+            kind = "leaf" if t.requires_grad else "const"
+            what = f"{kind} {t.name!r}" if t.name else kind
+            scope = ""
+        else:
+            args = ", ".join(f"%{ids[id(x)]}" for x in t.node.inputs)
+            what = f"{t.node.op!r}".replace("(", f"[{args}](", 1) if t.node.attrs else \
+                f"{t.node.op_name}[{args}]"
+            scope = t.node.scope
+        rows.append((f"%{k}", what, _label(t), scope))
+    width = max(len(r[1]) for r in rows)
+    lines = [f"{i:<5}{what:<{width}}  {shape:<16}{scope}".rstrip() for i, what, shape, scope in rows]
+    return "\n".join(lines)
