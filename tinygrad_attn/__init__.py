@@ -41,3 +41,12 @@ __all__ = [
     "DTypeError",
     "DeviceError",
 ]
+
+
+def __getattr__(name: str):
+    # ta.viz loads on first use: the engine itself never imports viz (imports flow one way).
+    if name == "viz":
+        import importlib
+
+        return importlib.import_module(".viz", __name__)
+    raise AttributeError(f"module 'tinygrad_attn' has no attribute {name!r}")
