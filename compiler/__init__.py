@@ -25,38 +25,47 @@ __all__ = ["Backend", "get_backend", "register_backend", "available_devices"]
 class Backend:
     """A device: a name and a table of kernels, falling back to a parent table.
 
-    Kernels are looked up as attributes (``backend.softmax(x, axis)``) so an op reads
-    like the math; ``register_kernel`` replaces one kernel by name.
+    Kernels are read as attributes (``backend.softmax(x, axis)``) so an op reads like the
+    math; ``register_kernel`` replaces one kernel by name.  The merged table is copied onto
+    the instance, so a lookup on the hot path is a plain attribute read.
     """
 
     def __init__(self, name: str, kernels: dict[str, Callable], parent: Backend | None = None):
         self.name = name
         self.kernels = dict(kernels)
         self.parent = parent
+        self.children: list[Backend] = []
+        if parent is not None:
+            parent.children.append(self)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        for kernel_name, fn in self.table().items():
+            setattr(self, kernel_name, fn)
+        for child in self.children:
+            child._refresh()
+
+    def table(self) -> dict[str, Callable]:
+        """Every kernel this device runs, its own overriding its parent's."""
+        merged = self.parent.table() if self.parent is not None else {}
+        merged.update(self.kernels)
+        return merged
 
     def __getattr__(self, kernel_name: str) -> Callable:
-        # __getattr__ runs only when normal lookup fails, i.e. for kernel names.
-        kernels = self.__dict__.get("kernels", {})
-        if kernel_name in kernels:
-            return kernels[kernel_name]
-        parent = self.__dict__.get("parent")
-        if parent is not None:
-            return getattr(parent, kernel_name)
+        # Reached only for names missing from the table.
         raise AttributeError(f"backend {self.__dict__.get('name')!r} has no kernel {kernel_name!r}")
 
     def register_kernel(self, kernel_name: str, fn: Callable) -> None:
         """Replace (or add) the kernel called ``kernel_name`` on this device."""
         self.kernels[kernel_name] = fn
+        self._refresh()
 
     def kernel_names(self) -> list[str]:
-        names = set(self.kernels)
-        if self.parent is not None:
-            names |= set(self.parent.kernel_names())
-        return sorted(names)
+        return sorted(self.table())
 
     def __repr__(self) -> str:
-        own = len(self.kernels)
-        return f"Backend({self.name!r}, {own} own kernels, parent={getattr(self.parent, 'name', None)!r})"
+        parent = getattr(self.parent, "name", None)
+        return f"Backend({self.name!r}, {len(self.kernels)} own kernels, parent={parent!r})"
 
 
 _REFERENCE = Backend("numpy", numpy_backend.KERNELS)

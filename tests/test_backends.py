@@ -1,0 +1,44 @@
+"""The backend table: devices share kernel names and can replace any kernel by name."""
+
+import numpy as np
+import pytest
+
+from tinygrad_attn import Tensor
+import tinygrad_attn.compiler as compiler
+from tinygrad_attn.compiler import Backend, get_backend, register_backend
+
+
+def test_every_device_has_every_reference_kernel(backend):
+    assert set(get_backend("numpy").kernel_names()) <= set(backend.kernel_names())
+
+
+def test_register_kernel_replaces_a_kernel_by_name_and_reaches_children():
+    parent = Backend("test-parent", {"tanh": np.tanh})
+    child = Backend("test-child", {}, parent=parent)
+    assert child.tanh is np.tanh
+    parent.register_kernel("tanh", np.sin)
+    assert child.tanh is np.sin
+    child.register_kernel("tanh", np.cos)
+    assert child.tanh is np.cos and parent.tanh is np.sin
+
+
+def test_a_device_with_one_replaced_kernel_runs_ops_through_it():
+    calls = []
+
+    def counting_tanh(x):
+        calls.append(x.shape)
+        return np.tanh(x)
+
+    device = Backend("counting", {"tanh": counting_tanh}, parent=get_backend("numpy"))
+    register_backend(device)
+    try:
+        y = Tensor([0.5, 1.0], device="counting").tanh()
+    finally:
+        del compiler._BACKENDS["counting"]
+    assert calls == [(2,)] and y.device == "counting"
+    np.testing.assert_allclose(y.numpy(), np.tanh([0.5, 1.0]), rtol=1e-6)
+
+
+def test_missing_kernel_names_the_device():
+    with pytest.raises(AttributeError, match="backend 'numpy' has no kernel 'nope'"):
+        get_backend("numpy").nope
