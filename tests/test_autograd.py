@@ -176,3 +176,20 @@ def test_gradient_does_not_flow_into_integer_ids():
     ta.functional.embedding(ids, weight).sum().backward()
     assert ids.grad is None
     np.testing.assert_array_equal(weight.grad.numpy()[:, 0], [1, 0, 0, 1])
+
+
+def test_viz_summary_lists_every_tensor_in_order_with_scopes():
+    from tinygrad_attn import viz
+
+    x = Tensor(np.ones((2, 3)), requires_grad=True, name="x")
+    W = Tensor(np.ones((3, 4)), requires_grad=True, name="W")
+    with ta.scope("encoder"), ta.scope("t0"):
+        h = (x @ W).tanh()
+    lines = viz.summary((h * 2).sum()).splitlines()
+    assert lines[0].split()[:3] == ["%0", "leaf", "'x'"]
+    assert lines[1].split()[:3] == ["%1", "leaf", "'W'"]
+    assert "MatMul[%0, %1]" in lines[2] and lines[2].endswith("encoder/t0")
+    assert "Tanh[%2]" in lines[3]
+    assert "const" in lines[4]                      # the scalar 2 is drawn too
+    assert "Sum[%5](axis=None, keepdims=False)" in lines[6]
+    assert len(viz.nodes(h)) == 4

@@ -336,9 +336,11 @@ def register(cls: type[Op]) -> type[Op]:
 # ---------------------------------------------------------------- backward
 
 
-def toposort(root) -> list:
-    """Tensors that lead to ``root`` and require grad, root first, each after all its users.
+def toposort(root, only_grad: bool = True) -> list:
+    """Tensors that lead to ``root``, root first, each after every tensor made from it.
 
+    ``only_grad`` follows only inputs that require grad (what backward needs); False
+    follows every input, constants included (what a drawing of the graph needs).
     Iterative depth-first search: deep graphs (long unrolled RNNs) need no recursion.
     """
     order: list = []
@@ -354,8 +356,8 @@ def toposort(root) -> list:
         visited.add(id(t))
         stack.append((t, True))
         if t.node is not None:
-            for inp in t.node.inputs:
-                if inp.requires_grad and id(inp) not in visited:
+            for inp in reversed(t.node.inputs):  # reversed: inputs come out in argument order
+                if (inp.requires_grad or not only_grad) and id(inp) not in visited:
                     stack.append((inp, False))
     order.reverse()
     return order

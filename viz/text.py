@@ -4,23 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from tinygrad_attn.autograd import toposort
+
 
 def nodes(root) -> list:
     """Every tensor that ``root`` was computed from (leaves and constants included),
-    inputs before the tensors made from them.  Iterative: deep unrolls need no recursion."""
-    order, seen, stack = [], set(), [(root, False)]
-    while stack:
-        t, expanded = stack.pop()
-        if expanded:
-            order.append(t)
-            continue
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        stack.append((t, True))
-        if t.node is not None:
-            stack.extend((x, False) for x in reversed(t.node.inputs) if id(x) not in seen)
-    return order
+    inputs before the tensors made from them."""
+    return list(reversed(toposort(root, only_grad=False)))
 
 
 def _label(t) -> str:
