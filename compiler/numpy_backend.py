@@ -256,11 +256,15 @@ def softmax_back(y, dy, axis):
 
 
 def log_softmax(x, axis):
-    """x - logsumexp(x), with the row max subtracted first."""
+    """x - logsumexp(x), with the row max subtracted first.
+
+    A row that is entirely -inf gives -inf (the log of softmax's zeros), not NaN.
+    """
     m = np.max(x, axis=axis, keepdims=True)
     m = np.where(np.isfinite(m), m, 0)
     shifted = x - m
-    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+    s = np.sum(np.exp(shifted), axis=axis, keepdims=True)
+    return shifted - np.log(np.where(s > 0, s, 1))
 
 
 def log_softmax_back(y, dy, axis):

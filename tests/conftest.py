@@ -2,6 +2,7 @@
 
 import pytest
 from hypothesis import settings
+
 from tinygrad_attn.compiler import available_devices, get_backend
 
 # Wall time is noisy on shared 2-core machines: hypothesis must never fail on a deadline.

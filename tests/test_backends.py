@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from tinygrad_attn import Tensor
 import tinygrad_attn.compiler as compiler
+from tinygrad_attn import Tensor
 from tinygrad_attn.compiler import Backend, get_backend, register_backend
 
 
@@ -41,4 +41,4 @@ def test_a_device_with_one_replaced_kernel_runs_ops_through_it():
 
 def test_missing_kernel_names_the_device():
     with pytest.raises(AttributeError, match="backend 'numpy' has no kernel 'nope'"):
-        get_backend("numpy").nope
+        _ = get_backend("numpy").nope

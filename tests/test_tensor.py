@@ -146,3 +146,13 @@ def test_softmax_survives_huge_logits_and_fully_masked_rows():
     np.testing.assert_allclose(y.numpy(), [[1, 0, 0], [0, 0, 0]], atol=1e-7)
     y.backward(np.ones((2, 3)))
     assert np.all(np.isfinite(x.grad.numpy()))
+
+
+def test_log_softmax_of_a_fully_masked_row_is_minus_inf_not_nan():
+    x = Tensor([[-np.inf, -np.inf], [0.0, 1.0]], requires_grad=True, dtype="float64")
+    with np.errstate(all="raise"):
+        y = x.log_softmax(axis=-1)
+    assert np.all(np.isneginf(y.numpy()[0]))
+    np.testing.assert_allclose(y.numpy()[1], [-np.log1p(np.e), 1 - np.log1p(np.e)])
+    y.backward(np.ones((2, 2)))
+    assert np.all(np.isfinite(x.grad.numpy()))

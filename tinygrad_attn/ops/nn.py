@@ -1,7 +1,8 @@
 """Neural-network ops: the softmax family, fused losses, embedding lookup and dropout.
 
-Softmax-type ops subtract the row maximum before exp, so logits of 1e4 never overflow,
-and a row that is entirely -inf (every position masked) gives zeros instead of NaN.
+Softmax-type ops subtract the row maximum before exp, so logits of 1e4 never overflow.
+A row that is entirely -inf (every position masked) gives zeros from softmax and -inf from
+log_softmax (the log of those zeros), never NaN, and finite gradients.
 """
 
 from __future__ import annotations
