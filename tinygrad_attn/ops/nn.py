@@ -116,9 +116,14 @@ def _row_grads(k, dy, count: int, reduction: str, n: int):
     return k.broadcast_to(k.reshape(dy, (1,)), (n,))
 
 
-def _symbolic_reduce(sp, rows, keep, reduction, shape):
+def _symbolic_nll(sp, logp, target, ignore_index, reduction):
+    """-logp[target] per row of (..., C) log-probabilities, ignored rows 0, then reduced."""
+    logp = np.asarray(logp, dtype=object)
+    flat, t = logp.reshape(-1, logp.shape[-1]), np.asarray(target).reshape(-1)
+    keep = t != (_NO_IGNORE if ignore_index is None else ignore_index)
+    rows = [-flat[i, t[i]] if keep[i] else sp.Integer(0) for i in range(len(t))]
     if reduction == "none":
-        return np.asarray(rows, dtype=object).reshape(shape)
+        return np.asarray(rows, dtype=object).reshape(np.shape(target))
     total = sp.Add(*rows)
     return total if reduction == "sum" else total / max(int(np.sum(keep)), 1)
 
@@ -148,12 +153,8 @@ class CrossEntropy(Op):
 
     @staticmethod
     def symbolic(sp, logits, target, ignore_index, reduction):
-        logp = _symbolic_log_softmax(sp, logits, -1)
-        classes = logp.shape[-1]
-        flat, t = logp.reshape(-1, classes), np.asarray(target).reshape(-1)
-        keep = t != (_NO_IGNORE if ignore_index is None else ignore_index)
-        rows = [-flat[i, t[i]] if keep[i] else sp.Integer(0) for i in range(len(t))]
-        return _symbolic_reduce(sp, rows, keep, reduction, target.shape)
+        return _symbolic_nll(sp, _symbolic_log_softmax(sp, logits, -1), target, ignore_index,
+                             reduction)
 
     def forward(self, logits, target):
         _check_reduction(self)
@@ -185,12 +186,7 @@ class NLLLoss(Op):
 
     @staticmethod
     def symbolic(sp, logp, target, ignore_index, reduction):
-        logp = np.asarray(logp, dtype=object)
-        classes = logp.shape[-1]
-        flat, t = logp.reshape(-1, classes), np.asarray(target).reshape(-1)
-        keep = t != (_NO_IGNORE if ignore_index is None else ignore_index)
-        rows = [-flat[i, t[i]] if keep[i] else sp.Integer(0) for i in range(len(t))]
-        return _symbolic_reduce(sp, rows, keep, reduction, target.shape)
+        return _symbolic_nll(sp, logp, target, ignore_index, reduction)
 
     def forward(self, logp, target):
         _check_reduction(self)
