@@ -116,26 +116,16 @@ BINARY = {
 }
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize("name", BINARY)
 @settings(deadline=None, max_examples=EXAMPLES)
 @given(data=st.data())
-def test_binary_matches_torch_with_broadcasting(name, data):
+def test_binary_matches_torch_with_broadcasting(name, dtype, data):
     engine_op, torch_op, draw_a, draw_b = BINARY[name]
     shape_a, shape_b = data.draw(broadcastable_shapes(), label="shapes")
     a = data.draw(draw_a(shape_a), label="a")
     b = data.draw(draw_b(shape_b), label="b")
-    check(engine_op, torch_op, a, b)
-
-
-@pytest.mark.parametrize("name", BINARY)
-@settings(deadline=None, max_examples=10)
-@given(data=st.data())
-def test_binary_matches_torch_in_float32(name, data):
-    engine_op, torch_op, draw_a, draw_b = BINARY[name]
-    shape_a, shape_b = data.draw(broadcastable_shapes(), label="shapes")
-    a = data.draw(draw_a(shape_a), label="a")
-    b = data.draw(draw_b(shape_b), label="b")
-    check(engine_op, torch_op, a, b, dtype="float32")
+    check(engine_op, torch_op, a, b, dtype=dtype)
 
 
 def _scalar_expression(x):

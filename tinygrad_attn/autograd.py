@@ -247,9 +247,12 @@ class Op:
             out.node = Node(op, inputs, current_scope(), where)
         return out
 
+    def attrs_text(self) -> str:
+        """The attributes as ``key=value`` text, long values shortened (for graphs)."""
+        return ", ".join(f"{k}={_short(v)}" for k, v in self.attrs.items())
+
     def __repr__(self) -> str:
-        attrs = ", ".join(f"{k}={_short(v)}" for k, v in self.attrs.items())
-        return f"{self.name}({attrs})"
+        return f"{self.name}({self.attrs_text()})"
 
 
 def _short(value) -> str:

@@ -22,6 +22,7 @@ import numpy as np
 
 from . import autograd
 from .autograd import Op
+from .ops._common import number
 from .tensor import Tensor
 
 __all__ = ["gradcheck", "symbolic", "ops", "Report", "OpsReport"]
@@ -208,8 +209,7 @@ def _constant(sp, array: np.ndarray) -> np.ndarray:
         return array  # ids and masks are used as indices and conditions, not differentiated
     out = np.empty(array.shape, dtype=object)
     for index in np.ndindex(array.shape):
-        value = float(array[index])
-        out[index] = sp.Integer(int(value)) if value.is_integer() else sp.Float(value, 30)
+        out[index] = number(sp, array[index])
     return out
 
 

@@ -39,8 +39,8 @@ def summary(root) -> str:
             scope = ""
         else:
             args = ", ".join(f"%{ids[id(x)]}" for x in t.node.inputs)
-            what = f"{t.node.op!r}".replace("(", f"[{args}](", 1) if t.node.attrs else \
-                f"{t.node.op_name}[{args}]"
+            attrs = t.node.op.attrs_text()
+            what = f"{t.node.op_name}[{args}]" + (f"({attrs})" if attrs else "")
             scope = t.node.scope
         rows.append((f"%{k}", what, _label(t), scope))
     width = max(len(r[1]) for r in rows)

@@ -105,6 +105,15 @@ def distinct(seed: int, *shape: int) -> np.ndarray:
     return values.reshape(shape)
 
 
+def number(sp, value: float):
+    """A float as the exact sympy number the kernels use: integers stay integers, other
+    floats keep their binary value (30 digits), infinities become oo."""
+    value = float(value)
+    if np.isinf(value):
+        return sp.oo if value > 0 else -sp.oo
+    return sp.Integer(int(value)) if value.is_integer() else sp.Float(value, 30)
+
+
 _STOP_GRADIENT = None
 
 

@@ -13,6 +13,7 @@ from ._common import (
     check_same_dtype,
     distinct,
     elementwise,
+    number,
     uniform,
 )
 
@@ -303,7 +304,7 @@ class LeakyRelu(Op):
 
     @staticmethod
     def symbolic(sp, x, negative_slope):
-        slope = sp.nsimplify(negative_slope)
+        slope = number(sp, negative_slope)
         return elementwise(lambda e: sp.Piecewise((e, e > 0), (slope * e, True)), x)
 
     def forward(self, x):
@@ -357,7 +358,7 @@ class MaskedFill(Op):
 
     @staticmethod
     def symbolic(sp, x, mask, value):
-        return np.where(mask, sp.Float(value) if np.isinf(value) else sp.nsimplify(value), x)
+        return np.where(mask, number(sp, value), x)
 
     def forward(self, x, mask):
         check_bool(self, mask, "mask")

@@ -15,6 +15,7 @@ from ._common import (
     check_integer,
     elementwise,
     normalize_axis,
+    number,
     stop_gradient,
     uniform,
 )
@@ -97,6 +98,21 @@ def _check_targets(op, scores, target, ignore_index) -> None:
                 f"{tuple(scores.shape)}")
 
 
+def _flatten(op, scores, target):
+    """Validate, then flatten scores (..., C) -> (N, C) and targets (...) -> (N,).
+
+    Returns (scores2, target1, ignore, count): the sentinel standing for ignore_index and
+    the number of rows not ignored (the divisor of 'mean')."""
+    _check_reduction(op)
+    ignore = _NO_IGNORE if op.ignore_index is None else op.ignore_index
+    _check_targets(op, scores, target, ignore)
+    k = op.backend
+    scores2 = k.reshape(scores, (-1, scores.shape[-1]))        # (N, C)
+    target1 = k.reshape(target, (-1,))                          # (N,)
+    count = int(np.sum(np.asarray(k.to_numpy(target1)) != ignore))
+    return scores2, target1, ignore, count
+
+
 def _reduce(k, rows, count: int, reduction: str, shape):
     """Per-row losses (N,) -> the requested reduction.  'mean' divides by the number of
     rows not ignored; with every row ignored the mean is 0, not NaN."""
@@ -157,15 +173,9 @@ class CrossEntropy(Op):
                              reduction)
 
     def forward(self, logits, target):
-        _check_reduction(self)
-        ignore = _NO_IGNORE if self.ignore_index is None else self.ignore_index
-        _check_targets(self, logits, target, ignore)
+        logits2, target1, ignore, count = _flatten(self, logits, target)
         k = self.backend
-        classes = logits.shape[-1]
-        logits2 = k.reshape(logits, (-1, classes))                # (N, C)
-        target1 = k.reshape(target, (-1,))                        # (N,)
         rows, lse = k.cross_entropy(logits2, target1, ignore)
-        count = int(np.sum(np.asarray(k.to_numpy(target1)) != ignore))
         self.saved = (logits2, lse, target1, ignore, count, logits.shape)
         return _reduce(k, rows, count, self.reduction, target.shape)
 
@@ -189,15 +199,9 @@ class NLLLoss(Op):
         return _symbolic_nll(sp, logp, target, ignore_index, reduction)
 
     def forward(self, logp, target):
-        _check_reduction(self)
-        ignore = _NO_IGNORE if self.ignore_index is None else self.ignore_index
-        _check_targets(self, logp, target, ignore)
+        logp2, target1, ignore, count = _flatten(self, logp, target)
         k = self.backend
-        classes = logp.shape[-1]
-        logp2 = k.reshape(logp, (-1, classes))                    # (N, C)
-        target1 = k.reshape(target, (-1,))                        # (N,)
         rows = k.nll_loss(logp2, target1, ignore)
-        count = int(np.sum(np.asarray(k.to_numpy(target1)) != ignore))
         self.saved = (logp2.shape, target1, ignore, count, logp.shape)
         return _reduce(k, rows, count, self.reduction, target.shape)
 
@@ -259,7 +263,7 @@ class Dropout(Op):
 
     @staticmethod
     def symbolic(sp, x, mask, p):
-        scale = sp.Float(_scale(p), 30)
+        scale = number(sp, _scale(p))
         return np.asarray(x, dtype=object) * np.where(mask, scale, sp.Integer(0))
 
     def forward(self, x):
