@@ -7,7 +7,7 @@
     ta.check.symbolic(lambda x: (x @ x.T).tanh().sum(), x)   # exact, with sympy
 """
 
-from . import check, functional, ops
+from . import attention, check, functional, nn, ops
 from .autograd import (
     DeviceError,
     DTypeError,
@@ -35,6 +35,8 @@ __all__ = [
     "detect_anomaly",
     "manual_seed",
     "ops",
+    "attention",
+    "nn",
     "functional",
     "check",
     "ShapeError",

@@ -9,7 +9,8 @@ Write your own the same way; it gets ``ta.check`` verification and graph records
 """
 
 from ..autograd import Example, Op, register, registry
-from . import elementwise, linalg, movement, nn, reduce
+from . import attention, elementwise, linalg, movement, nn, reduce
+from .attention import AdditiveScores, MaskedSoftmax
 from .elementwise import (
     Add,
     Cast,
@@ -34,9 +35,9 @@ from .reduce import Max, Mean, Sum
 
 __all__ = [
     "Op", "Example", "register", "registry",
-    "elementwise", "linalg", "movement", "nn", "reduce",
+    "attention", "elementwise", "linalg", "movement", "nn", "reduce",
     "Add", "Sub", "Mul", "Div", "Neg", "Pow", "Exp", "Log", "Tanh", "Sigmoid", "Relu",
     "LeakyRelu", "Where", "MaskedFill", "Cast", "MatMul", "Reshape", "Permute", "Expand",
     "GetItem", "Cat", "Stack", "Sum", "Mean", "Max", "Softmax", "LogSoftmax", "CrossEntropy",
-    "NLLLoss", "Embedding", "Dropout",
+    "NLLLoss", "Embedding", "Dropout", "MaskedSoftmax", "AdditiveScores",
 ]

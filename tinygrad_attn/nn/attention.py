@@ -1,0 +1,262 @@
+"""Attention layers: each mechanism of ``ta.attention`` with its learned weights.
+
+Every layer returns ``(context, weights)``, takes masks with True = may attend, and records
+its nodes in the mechanism's scope.  Weights are laid out (out, in) like a Linear weight.
+"""
+
+from __future__ import annotations
+
+from .. import attention
+from ..autograd import ShapeError
+from ..tensor import Tensor, cat
+from . import init
+from .linear import Linear
+from .module import Module, Parameter
+
+__all__ = [
+    "DotAttention",
+    "GeneralAttention",
+    "ConcatAttention",
+    "AdditiveAttention",
+    "ScaledDotProductAttention",
+    "MultiHeadAttention",
+    "GraphAttention",
+    "LuongAttentionVector",
+]
+
+
+class DotAttention(Module):
+    """score(s, h_j) = s . h_j; nothing to learn.  See ``ta.attention.dot``.
+
+    Example:
+        >>> context, weights = nn.DotAttention()(s, H)     # s (B, d), H (B, T, d)
+    """
+
+    def forward(self, query: Tensor, keys: Tensor, values: Tensor | None = None, mask=None):
+        return attention.dot(query, keys, values, mask)
+
+
+class GeneralAttention(Module):
+    """score(s, h_j) = s^T W h_j (Luong "general"), W (query_dim, key_dim).
+
+    W starts as a Linear(key_dim -> query_dim) weight would: U(-1/sqrt(key_dim), 1/sqrt(key_dim)).
+    See ``ta.attention.general``.
+    """
+
+    def __init__(self, query_dim: int, key_dim: int | None = None):
+        super().__init__()
+        self.query_dim = query_dim
+        self.key_dim = query_dim if key_dim is None else key_dim
+        self.W = Parameter(init.linear_default((query_dim, self.key_dim), self.key_dim))
+
+    def forward(self, query: Tensor, keys: Tensor, values: Tensor | None = None, mask=None):
+        return attention.general(query, keys, self.W, values, mask)
+
+    def extra_repr(self) -> str:
+        return f"query_dim={self.query_dim}, key_dim={self.key_dim}"
+
+
+class ConcatAttention(Module):
+    """score(s, h_j) = v . tanh(W [s; h_j]) (Luong "concat"), W (attn_dim, query_dim + key_dim).
+
+    W and v start as Linear weights would (uniform, 1/sqrt(fan_in)).  See ``ta.attention.concat``.
+    """
+
+    def __init__(self, query_dim: int, key_dim: int, attn_dim: int):
+        super().__init__()
+        self.query_dim, self.key_dim, self.attn_dim = query_dim, key_dim, attn_dim
+        fan_in = query_dim + key_dim
+        self.W = Parameter(init.linear_default((attn_dim, fan_in), fan_in))
+        self.v = Parameter(init.linear_default((attn_dim,), attn_dim))
+
+    def forward(self, query: Tensor, keys: Tensor, values: Tensor | None = None, mask=None):
+        return attention.concat(query, keys, self.W, self.v, values, mask)
+
+    def extra_repr(self) -> str:
+        return f"query_dim={self.query_dim}, key_dim={self.key_dim}, attn_dim={self.attn_dim}"
+
+
+class AdditiveAttention(Module):
+    """score(s, h_j) = v . tanh(W_q s + W_k h_j) (Bahdanau et al. 2015).
+
+    W_q (attn_dim, query_dim), W_k (attn_dim, key_dim) and v (attn_dim,) start as the
+    weights of Linear layers would (uniform, 1/sqrt(fan_in)), the usual PyTorch practice.
+    (The paper draws W_q, W_k from N(0, 0.001^2) and starts v at zero, which makes every
+    first attention distribution uniform.)  See ``ta.attention.additive``.
+    """
+
+    def __init__(self, query_dim: int, key_dim: int, attn_dim: int):
+        super().__init__()
+        self.query_dim, self.key_dim, self.attn_dim = query_dim, key_dim, attn_dim
+        self.W_q = Parameter(init.linear_default((attn_dim, query_dim), query_dim))
+        self.W_k = Parameter(init.linear_default((attn_dim, key_dim), key_dim))
+        self.v = Parameter(init.linear_default((attn_dim,), attn_dim))
+
+    def forward(self, query: Tensor, keys: Tensor, values: Tensor | None = None, mask=None):
+        return attention.additive(query, keys, self.W_q, self.W_k, self.v, values, mask)
+
+    def extra_repr(self) -> str:
+        return f"query_dim={self.query_dim}, key_dim={self.key_dim}, attn_dim={self.attn_dim}"
+
+
+class ScaledDotProductAttention(Module):
+    """softmax(q k^T / sqrt(d_k)) v (Vaswani et al. 2017); dropout on the weights only in
+    training mode.  See ``ta.attention.scaled_dot_product``."""
+
+    def __init__(self, dropout: float = 0.0, scale: float | None = None):
+        super().__init__()
+        self.dropout = dropout
+        self.scale = scale
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, mask=None, causal: bool = False,
+                need_weights: bool = True):
+        return attention.scaled_dot_product(q, k, v, mask=mask, causal=causal, scale=self.scale,
+                                            dropout=self.dropout if self.training else 0.0,
+                                            need_weights=need_weights)
+
+    def extra_repr(self) -> str:
+        return f"dropout={self.dropout}, scale={self.scale}"
+
+
+class MultiHeadAttention(Module):
+    """Multi-head attention, batch first, with ``torch.nn.MultiheadAttention``'s parameters.
+
+    Parameters (names, shapes and initialisation as PyTorch's, so its state_dict loads):
+        in_proj_weight (3E, E) = [W_q; W_k; W_v], Xavier-uniform   (when kdim = vdim = E)
+        q_proj_weight (E, E), k_proj_weight (E, kdim), v_proj_weight (E, vdim)   (otherwise)
+        in_proj_bias (3E,) zeros, out_proj.weight (E, E), out_proj.bias (E,) zeros
+
+    Args:
+        embed_dim: E.  num_heads: H, must divide E.  dropout: on the weights (training only).
+        bias: learn in_proj_bias and out_proj.bias.  kdim, vdim: key/value sizes (default E).
+
+    Example:
+        >>> mha = nn.MultiHeadAttention(256, 8)
+        >>> out, weights = mha(x, x, x, key_mask=tokens != 0)    # self-attention
+        >>> mha.load_state_dict(torch_mha.state_dict())           # PyTorch weights load as they are
+    """
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 kdim: int | None = None, vdim: int | None = None):
+        super().__init__()
+        if num_heads < 1 or embed_dim % num_heads:
+            raise ShapeError(f"MultiHeadAttention: num_heads={num_heads} must divide "
+                             f"embed_dim={embed_dim}")
+        self.embed_dim, self.num_heads, self.dropout = embed_dim, num_heads, dropout
+        self.kdim = embed_dim if kdim is None else kdim
+        self.vdim = embed_dim if vdim is None else vdim
+        E = embed_dim
+        if self.kdim == E and self.vdim == E:
+            self.in_proj_weight = Parameter(init.xavier_uniform((3 * E, E)))
+        else:
+            self.q_proj_weight = Parameter(init.xavier_uniform((E, E)))
+            self.k_proj_weight = Parameter(init.xavier_uniform((E, self.kdim)))
+            self.v_proj_weight = Parameter(init.xavier_uniform((E, self.vdim)))
+        self.in_proj_bias = Parameter(init.zeros((3 * E,))) if bias else None
+        out_proj = Linear(E, E, bias=bias)
+        if bias:
+            out_proj.bias = Parameter(init.zeros((E,)))
+        self.out_proj = out_proj
+
+    def _projections(self):
+        E = self.embed_dim
+        if "in_proj_weight" in self._parameters:
+            w = self.in_proj_weight
+            weights = (w[:E], w[E:2 * E], w[2 * E:])                          # (E, E) each
+        else:
+            weights = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
+        b = self.in_proj_bias
+        biases = (None, None, None) if b is None else (b[:E], b[E:2 * E], b[2 * E:])
+        return weights, biases
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, key_mask=None, mask=None,
+                causal: bool = False, need_weights: bool = True, average_weights: bool = True):
+        """(B, T, E), (B, S, kdim), (B, S, vdim) -> (output (B, T, E), weights).
+
+        key_mask (B, S) is True at real tokens (PyTorch's key_padding_mask is the opposite);
+        mask broadcasts to (B, H, T, S) with True = may attend.  See ``ta.attention.multi_head``.
+        """
+        (W_q, W_k, W_v), (b_q, b_k, b_v) = self._projections()
+        return attention.multi_head(
+            query, key, value, self.num_heads, W_q, W_k, W_v, self.out_proj.weight,
+            b_q, b_k, b_v, self.out_proj.bias, key_mask=key_mask, mask=mask, causal=causal,
+            dropout=self.dropout if self.training else 0.0, need_weights=need_weights,
+            average_weights=average_weights)
+
+    def extra_repr(self) -> str:
+        text = f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}, " \
+               f"bias={self.in_proj_bias is not None}"
+        if (self.kdim, self.vdim) != (self.embed_dim, self.embed_dim):
+            text += f", kdim={self.kdim}, vdim={self.vdim}"
+        return text
+
+
+class GraphAttention(Module):
+    """A GAT layer (Veličković et al. 2018): ``ta.attention.graph`` with its weights.
+
+    Parameters: W (heads * out_features, in_features), a_src and a_dst (heads, out_features),
+    all Glorot-uniform as in the paper; bias (heads * out_features if concat else
+    out_features), zeros, added after aggregation as PyTorch Geometric's GATConv does.
+
+    Example:
+        >>> gat = nn.GraphAttention(16, 8, heads=4)
+        >>> h, weights = gat(x, adjacency)          # (N, 16), (N, N) bool -> (N, 32), (4, N, N)
+    """
+
+    def __init__(self, in_features: int, out_features: int, heads: int = 1, concat: bool = True,
+                 negative_slope: float = 0.2, dropout: float = 0.0, add_self_loops: bool = True,
+                 bias: bool = True):
+        super().__init__()
+        self.in_features, self.out_features, self.heads = in_features, out_features, heads
+        self.concat, self.negative_slope, self.dropout = concat, negative_slope, dropout
+        self.add_self_loops = add_self_loops
+        self.W = Parameter(init.xavier_uniform((heads * out_features, in_features)))
+        # Glorot for a (1, 2F) attention vector per head, as the paper's a is.
+        self.a_src = Parameter(init.xavier_uniform((heads, out_features), fan_in=2 * out_features, fan_out=1))
+        self.a_dst = Parameter(init.xavier_uniform((heads, out_features), fan_in=2 * out_features, fan_out=1))
+        size = heads * out_features if concat else out_features
+        self.bias = Parameter(init.zeros((size,))) if bias else None
+
+    def forward(self, x: Tensor, adjacency):
+        out, weights = attention.graph(
+            x, adjacency, self.W, self.a_src, self.a_dst, heads=self.heads,
+            negative_slope=self.negative_slope, concat=self.concat,
+            add_self_loops=self.add_self_loops, dropout=self.dropout if self.training else 0.0)
+        if self.bias is not None:
+            out = out + self.bias
+        return out, weights
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, " \
+               f"heads={self.heads}, concat={self.concat}, negative_slope={self.negative_slope}"
+
+
+class LuongAttentionVector(Module):
+    """Luong's attentional hidden state a_t = tanh(W_c [c_t; h_t]) (Luong et al. 2015, eq. 5),
+    which feeds the output layer: softmax(W_s a_t).
+
+    Args:
+        context_dim: size of the context c_t.  hidden_dim: size of the decoder state h_t.
+        out_dim: size of a_t (default hidden_dim).  bias: add a bias (the paper has none).
+    """
+
+    def __init__(self, context_dim: int, hidden_dim: int, out_dim: int | None = None,
+                 bias: bool = False):
+        super().__init__()
+        self.context_dim, self.hidden_dim = context_dim, hidden_dim
+        self.W_c = Linear(context_dim + hidden_dim, hidden_dim if out_dim is None else out_dim,
+                          bias=bias)
+
+    def forward(self, context: Tensor, hidden: Tensor) -> Tensor:
+        """(..., context_dim), (..., hidden_dim) -> (..., out_dim)."""
+        if context.shape[:-1] != hidden.shape[:-1]:
+            raise ShapeError(f"LuongAttentionVector: context {context.shape} and hidden "
+                             f"{hidden.shape} must agree on every axis but the last")
+        if context.shape[-1] != self.context_dim or hidden.shape[-1] != self.hidden_dim:
+            raise ShapeError(f"LuongAttentionVector: expected context (..., {self.context_dim}) and "
+                             f"hidden (..., {self.hidden_dim}), got {context.shape} and {hidden.shape}")
+        return self.W_c(cat([context, hidden], axis=-1)).tanh()             # (..., out_dim)
+
+    def extra_repr(self) -> str:
+        return f"context_dim={self.context_dim}, hidden_dim={self.hidden_dim}, " \
+               f"out_dim={self.W_c.out_features}"

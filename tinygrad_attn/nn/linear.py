@@ -1,0 +1,42 @@
+"""The affine layer."""
+
+from __future__ import annotations
+
+from ..autograd import ShapeError
+from ..tensor import Tensor
+from . import init
+from .module import Module, Parameter
+
+__all__ = ["Linear"]
+
+
+class Linear(Module):
+    """y = x W^T + b, as ``torch.nn.Linear`` (same parameter names, shapes and initialisation).
+
+    Args:
+        in_features, out_features: sizes of x's last axis and of y's.
+        bias: learn b (out_features,).
+
+    Example:
+        >>> layer = nn.Linear(4, 3)
+        >>> layer(Tensor.randn(2, 4)).shape
+        (2, 3)
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True):
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.weight = Parameter(init.linear_default((out_features, in_features), in_features))
+        self.bias = Parameter(init.linear_default((out_features,), in_features)) if bias else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.ndim == 0 or x.shape[-1] != self.in_features:
+            raise ShapeError(f"Linear({self.extra_repr()}): input of shape {x.shape} must end in "
+                             f"in_features={self.in_features}")
+        y = x @ self.weight.T                                                # (..., out)
+        return y + self.bias if self.bias is not None else y
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, " \
+               f"bias={self.bias is not None}"

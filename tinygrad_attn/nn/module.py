@@ -1,0 +1,197 @@
+"""Module and Parameter: containers of learnable tensors, PyTorch-style.
+
+A Module registers every Parameter and sub-Module assigned to it as an attribute, in
+assignment order, so ``named_parameters()`` and ``state_dict()`` list them with dotted
+paths (``out_proj.weight``) exactly as PyTorch does for the same layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..autograd import ShapeError
+from ..tensor import Tensor
+
+__all__ = ["Module", "Parameter"]
+
+
+class Parameter(Tensor):
+    """A Tensor a Module learns: a leaf that requires grad (float32 by default).
+
+    Example:
+        >>> self.weight = nn.Parameter(np.zeros((4, 3)))
+    """
+
+    __slots__ = ()
+
+    def __init__(self, data, requires_grad: bool = True, dtype=None, device: str = "cpu"):
+        super().__init__(data, requires_grad=requires_grad, dtype=dtype, device=device)
+
+    def __repr__(self) -> str:
+        return "Parameter containing:\n" + super().__repr__()
+
+
+class Module:
+    """Base class of layers and models: subclass it, assign Parameters and Modules in
+    ``__init__`` (after ``super().__init__()``) and define ``forward``.
+
+    Example:
+        >>> class Affine(nn.Module):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.weight = nn.Parameter(np.ones((2, 2)))
+        ...     def forward(self, x):
+        ...         return x @ self.weight
+        >>> Affine().state_dict()["weight"].shape
+        (2, 2)
+    """
+
+    def __init__(self):
+        object.__setattr__(self, "_parameters", {})
+        object.__setattr__(self, "_modules", {})
+        object.__setattr__(self, "training", True)
+
+    def __setattr__(self, name: str, value) -> None:
+        params = self.__dict__.get("_parameters")
+        if params is None:
+            raise AttributeError(f"{type(self).__name__}: call super().__init__() before assigning "
+                                 f"attributes")
+        modules = self.__dict__["_modules"]
+        params.pop(name, None)
+        modules.pop(name, None)
+        if isinstance(value, Parameter):
+            params[name] = value
+            if value.name is None or "." not in value.name:
+                value.name = name
+        elif isinstance(value, Module):
+            modules[name] = value
+            # Parameters carry their path from the outermost module for graph drawings.
+            for path, p in value.named_parameters():
+                p.name = f"{name}.{path}"
+        object.__setattr__(self, name, value)
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} does not define forward()")
+
+    def __call__(self, *args, **kwargs):
+        return self.forward(*args, **kwargs)
+
+    # ------------------------------------------------------------ traversal
+
+    def named_modules(self, prefix: str = "") -> Iterator[tuple[str, Module]]:
+        """This module and every sub-module, with dotted paths ("" for this one)."""
+        stack = [(prefix, self)]
+        seen: set[int] = set()
+        while stack:
+            path, module = stack.pop()
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            yield path, module
+            children = list(module._modules.items())
+            for name, child in reversed(children):   # reversed: children come out in order
+                stack.append((f"{path}.{name}" if path else name, child))
+
+    def modules(self) -> Iterator[Module]:
+        for _, module in self.named_modules():
+            yield module
+
+    def children(self) -> Iterator[Module]:
+        yield from self._modules.values()
+
+    def named_parameters(self) -> Iterator[tuple[str, Parameter]]:
+        """Every parameter once, with its dotted path, in registration order."""
+        seen: set[int] = set()
+        for path, module in self.named_modules():
+            for name, p in module._parameters.items():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    yield (f"{path}.{name}" if path else name), p
+
+    def parameters(self) -> list[Parameter]:
+        return [p for _, p in self.named_parameters()]
+
+    def num_parameters(self) -> int:
+        return sum(p.size for p in self.parameters())
+
+    # ------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Parameter path -> a copy of its values (numpy), PyTorch's keys and shapes."""
+        return {name: p.numpy().copy() for name, p in self.named_parameters()}
+
+    def load_state_dict(self, state: dict, strict: bool = True) -> None:
+        """Copy values into the parameters (keeping each parameter's dtype and device).
+
+        ``state`` maps paths to arrays, Tensors, or anything with ``.detach()`` and
+        ``__array__`` (a PyTorch state_dict works as it is).  Every key and shape is checked
+        before any parameter changes, so a failed load leaves the module as it was.
+
+        Args:
+            strict: missing or unexpected keys raise (else they are skipped).
+        """
+        params = dict(self.named_parameters())
+        missing = [k for k in params if k not in state]
+        unexpected = [k for k in state if k not in params]
+        if strict and (missing or unexpected):
+            raise KeyError(f"{type(self).__name__}.load_state_dict: missing keys {missing}, "
+                           f"unexpected keys {unexpected}")
+        arrays = {}
+        for name, value in state.items():
+            if name not in params:
+                continue
+            if hasattr(value, "detach"):
+                value = value.detach()
+            array = np.asarray(value)
+            if array.shape != params[name].shape:
+                raise ShapeError(f"{type(self).__name__}.load_state_dict: {name!r} has shape "
+                                 f"{array.shape}, the parameter has shape {params[name].shape}")
+            arrays[name] = array
+        for name, array in arrays.items():
+            p = params[name]
+            p.data = p.backend.asarray(np.array(array, dtype=p.dtype, copy=True), p.dtype)
+
+    def astype(self, dtype) -> Module:
+        """Convert every parameter to a float ``dtype`` in place; returns self."""
+        dtype = np.dtype(dtype)
+        if dtype.kind != "f":
+            raise TypeError(f"{type(self).__name__}.astype: parameters must stay float, got {dtype}")
+        for p in self.parameters():
+            p.data = p.backend.astype(p.data, dtype)
+            p.grad = None
+        return self
+
+    def float(self) -> Module:
+        return self.astype(np.float32)
+
+    def double(self) -> Module:
+        return self.astype(np.float64)
+
+    def train(self, mode: bool = True) -> Module:
+        """Training mode (dropout active) for this module and every sub-module."""
+        for module in self.modules():
+            object.__setattr__(module, "training", bool(mode))
+        return self
+
+    def eval(self) -> Module:
+        return self.train(False)
+
+    def zero_grad(self) -> None:
+        for p in self.parameters():
+            p.grad = None
+
+    # ------------------------------------------------------------ display
+
+    def extra_repr(self) -> str:
+        """The constructor arguments shown by ``repr`` (override in subclasses)."""
+        return ""
+
+    def __repr__(self) -> str:
+        head = f"{type(self).__name__}({self.extra_repr()})"
+        lines = [f"{head}  # {self.num_parameters():,} parameters"]
+        for name, child in self._modules.items():
+            text = repr(child).replace("\n", "\n  ")
+            lines.append(f"  ({name}): {text}")
+        return "\n".join(lines)

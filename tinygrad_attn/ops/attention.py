@@ -1,0 +1,111 @@
+"""Fused attention ops: the masked softmax that turns scores into weights, and Bahdanau's
+additive score function.
+
+The rest of every mechanism (dot products, projections, the weighted sum of values) is
+matrix products, so ``ta.attention`` builds each mechanism from these two ops and MatMul
+inside one named scope.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..autograd import Example, Op, register
+from ._common import broadcast_shape, check_bool, check_float, check_same_dtype, elementwise, uniform
+
+
+@register
+class MaskedSoftmax(Op):
+    """y = exp(x_j) / sum_{k: mask_k} exp(x_k) where mask_j, else 0 (last axis).
+
+    The attention distribution: masked positions (mask False) get weight exactly 0, and a
+    row whose every position is masked is all zeros, never NaN, in values and gradients.
+    The row maximum is subtracted before exp, so scores of 1e4 do not overflow.
+    """
+
+    @staticmethod
+    def symbolic(sp, x, mask):
+        x = np.asarray(x, dtype=object)
+        mask = np.broadcast_to(mask, x.shape)
+        y = np.empty(x.shape, dtype=object)
+        for row in np.ndindex(x.shape[:-1]):
+            e = np.array([sp.exp(s) if keep else sp.Integer(0)
+                          for s, keep in zip(x[row], mask[row], strict=True)], dtype=object)
+            total = sp.Add(*e)
+            y[row] = e / total if total != 0 else e
+        return y
+
+    def forward(self, x, mask):
+        check_float(self, x, "scores")
+        check_bool(self, mask, "mask")
+        if x.ndim == 0 or broadcast_shape(self, x, mask) != tuple(x.shape):
+            self.fail(f"mask of shape {tuple(mask.shape)} must broadcast to the scores' shape "
+                      f"{tuple(x.shape)} without enlarging it")
+        y = self.backend.masked_softmax(x, mask)
+        self.saved = (y,)
+        return y
+
+    def backward(self, dy):
+        (y,) = self.saved
+        # Masked entries have y = 0, so the plain softmax backward already gives them 0.
+        return self.backend.softmax_back(y, dy, -1), None
+
+    @classmethod
+    def examples(cls):
+        mask = np.array([[True, False, True], [False, False, False]])   # second row fully masked
+        return [Example((uniform(800, 2, 3), mask)),
+                Example((uniform(801, 2, 2, 3), mask[:1])),             # broadcast over rows
+                Example((uniform(802, 2, 3), np.ones((2, 3), dtype=bool)))]
+
+
+@register
+class AdditiveScores(Op):
+    """e_ij = v . tanh(q_i + k_j): q (..., T_q, A), k (..., T_k, A), v (A,) -> (..., T_q, T_k).
+
+    Bahdanau's alignment model with the projections already applied (q = W_q s, k = W_k h);
+    Luong's "concat" score v . tanh(W[s; h]) is the same function with W split by columns.
+    Forward and backward work one query step at a time, so the (T_q, T_k, A) tensor of all
+    pairs is never built.
+    """
+
+    @staticmethod
+    def symbolic(sp, q, k, v):
+        q = np.asarray(q, dtype=object)
+        k = np.asarray(k, dtype=object)
+        pre = q[..., :, None, :] + k[..., None, :, :]                  # (..., T_q, T_k, A)
+        return np.matmul(elementwise(sp.tanh, pre), np.asarray(v, dtype=object))
+
+    def forward(self, q, k, v):
+        check_same_dtype(self, q, k, v)
+        check_float(self, q)
+        if q.ndim < 2 or k.ndim < 2 or v.ndim != 1:
+            self.fail(f"expected q (..., T_q, A), k (..., T_k, A) and v (A,), got "
+                      f"{tuple(q.shape)}, {tuple(k.shape)} and {tuple(v.shape)}")
+        if not q.shape[-1] == k.shape[-1] == v.shape[0]:
+            self.fail(f"the attention sizes A differ: q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                      f"v {tuple(v.shape)}")
+        try:
+            batch = tuple(np.broadcast_shapes(q.shape[:-2], k.shape[:-2]))
+        except ValueError:
+            self.fail(f"batch axes of q {tuple(q.shape)} and k {tuple(k.shape)} do not broadcast")
+        kb = self.backend
+        q3 = kb.reshape(kb.broadcast_to(q, batch + q.shape[-2:]), (-1,) + q.shape[-2:])  # (N, T_q, A)
+        k3 = kb.reshape(kb.broadcast_to(k, batch + k.shape[-2:]), (-1,) + k.shape[-2:])  # (N, T_k, A)
+        self.saved = (q3, k3, v, q.shape, k.shape, batch)
+        e = kb.additive_scores(q3, k3, v)                                # (N, T_q, T_k)
+        return kb.reshape(e, batch + (q.shape[-2], k.shape[-2]))
+
+    def backward(self, de):
+        q3, k3, v, q_shape, k_shape, batch = self.saved
+        kb = self.backend
+        de3 = kb.reshape(de, (-1,) + tuple(de.shape[-2:]))               # (N, T_q, T_k)
+        dq3, dk3, dv = kb.additive_scores_back(q3, k3, v, de3)
+        dq = kb.sum_to(kb.reshape(dq3, batch + q_shape[-2:]), q_shape)
+        dk = kb.sum_to(kb.reshape(dk3, batch + k_shape[-2:]), k_shape)
+        return dq, dk, dv
+
+    @classmethod
+    def examples(cls):
+        return [Example((uniform(810, 2, 3), uniform(811, 4, 3), uniform(812, 3))),
+                Example((uniform(813, 2, 1, 2), uniform(814, 3, 2), uniform(815, 2))),  # shared keys
+                Example((uniform(816, 2, 2, 2), uniform(817, 2, 1, 2), uniform(818, 2)))]
