@@ -63,13 +63,16 @@ class Module:
         modules.pop(name, None)
         if isinstance(value, Parameter):
             params[name] = value
-            if value.name is None or "." not in value.name:
+            if value.name is None:
                 value.name = name
         elif isinstance(value, Module):
             modules[name] = value
-            # Parameters carry their path from the outermost module for graph drawings.
+            # Parameters carry their path from the outermost module, for graph drawings.  A
+            # parameter whose name is not its path inside ``value`` was named through another
+            # path first (a shared module) and keeps that name.
             for path, p in value.named_parameters():
-                p.name = f"{name}.{path}"
+                if p.name == path:
+                    p.name = f"{name}.{path}"
         object.__setattr__(self, name, value)
 
     def forward(self, *args, **kwargs):

@@ -1,0 +1,279 @@
+"""Attention functions: exact (sympy) and finite-difference gradients, mask semantics,
+numerics, layouts, graph scopes and errors.  The PyTorch comparisons are in
+test_attention_torch.py."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import tinygrad_attn as ta
+from tinygrad_attn import Tensor
+from tinygrad_attn.ops import AdditiveScores, MaskedSoftmax
+
+
+def rand(seed, *shape):
+    return np.random.default_rng(seed).uniform(-1.0, 1.0, size=shape)
+
+
+MASK = np.array([[True, False, True], [False, False, False]])        # (B=2, T_k=3); row 1 empty
+CAUSAL_PLUS_EMPTY = np.array([[True, True, True], [False, False, False]])   # (T_q=2, T_k=3)
+
+# (id, function of float tensors -> (context, weights), float inputs); tiny shapes for sympy.
+CASES = [
+    ("dot single", lambda q, k: ta.attention.dot(q, k), (rand(1, 2, 2), rand(2, 2, 3, 2))),
+    ("dot many values", lambda q, k, v: ta.attention.dot(q, k, v),
+     (rand(3, 2, 2), rand(4, 3, 2), rand(5, 3, 1))),
+    ("dot masked empty row", lambda q, k: ta.attention.dot(q, k, mask=MASK),
+     (rand(6, 2, 2), rand(7, 2, 3, 2))),
+    ("general", lambda q, k, W: ta.attention.general(q, k, W, mask=MASK[0]),
+     (rand(8, 2, 2), rand(9, 2, 3, 1), rand(10, 2, 1))),
+    ("concat", lambda q, k, W, v: ta.attention.concat(q, k, W, v, mask=MASK),
+     (rand(11, 2, 1), rand(12, 2, 3, 2), rand(13, 2, 3), rand(14, 2))),
+    ("additive", lambda q, k, Wq, Wk, v: ta.attention.additive(q, k, Wq, Wk, v, mask=MASK),
+     (rand(15, 2, 2), rand(16, 2, 3, 1), rand(17, 2, 2), rand(18, 2, 1), rand(19, 2))),
+    ("additive many", lambda q, k, Wq, Wk, v: ta.attention.additive(q, k, Wq, Wk, v),
+     (rand(20, 2, 1), rand(21, 3, 1), rand(22, 2, 1), rand(23, 2, 1), rand(24, 2))),
+    ("sdpa causal", lambda q, k, v: ta.attention.scaled_dot_product(q, k, v, causal=True),
+     (rand(25, 3, 2), rand(26, 3, 2), rand(27, 3, 1))),
+    ("sdpa mask empty row scale", lambda q, k, v: ta.attention.scaled_dot_product(
+        q, k, v, mask=CAUSAL_PLUS_EMPTY, scale=0.7), (rand(28, 2, 2), rand(29, 3, 2), rand(30, 3, 2))),
+    ("multi_head", lambda x, Wq, Wk, Wv, Wo, bq: ta.attention.multi_head(
+        x, x, x, 2, Wq, Wk, Wv, Wo, bq, key_mask=np.array([[True, False]]), causal=True),
+     (rand(31, 1, 2, 2), rand(32, 2, 2), rand(33, 2, 2), rand(34, 2, 2), rand(35, 2, 2), rand(36, 2))),
+    ("graph", lambda x, W, a_src, a_dst: ta.attention.graph(
+        x, np.array([[False, True, False], [True, False, True], [False, False, False]]),
+        W, a_src, a_dst, heads=2, add_self_loops=False),
+     (rand(37, 3, 2), rand(38, 2, 2), rand(39, 2, 1), rand(40, 2, 1))),
+    ("graph mean self loops", lambda x, W, a_src, a_dst: ta.attention.graph(
+        x, np.array([[False, True], [False, False]]), W, a_src, a_dst, heads=2, concat=False,
+        negative_slope=0.3), (rand(41, 2, 1), rand(42, 4, 1), rand(43, 2, 2), rand(44, 2, 2))),
+]
+IDS = [c[0] for c in CASES]
+
+
+def _output(fn, which):
+    """fn's context (which=0) or weights (which=1), keeping the parameter names for reports."""
+    def out(*xs):
+        return fn(*xs)[which]
+    return out
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["context", "weights"])
+@pytest.mark.parametrize("name, fn, inputs", CASES, ids=IDS)
+def test_attention_gradients_match_sympy(name, fn, inputs, which):
+    report = ta.check.symbolic(_output(fn, which), *inputs)
+    assert report.ok, str(report)
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["context", "weights"])
+@pytest.mark.parametrize("name, fn, inputs", CASES, ids=IDS)
+def test_attention_gradients_match_finite_differences(name, fn, inputs, which):
+    report = ta.check.gradcheck(_output(fn, which), *inputs)
+    assert report.ok, str(report)
+
+
+# ---------------------------------------------------------------- masks and numerics
+
+
+def test_fully_masked_row_gives_zero_weights_context_and_gradients():
+    q = Tensor(rand(50, 2, 3, 4), requires_grad=True, dtype=np.float64)
+    k = Tensor(rand(51, 2, 5, 4), requires_grad=True, dtype=np.float64)
+    mask = np.ones((2, 3, 5), bool)
+    mask[1, 2] = False                                   # batch 1, query 2 sees nothing
+    context, weights = ta.attention.scaled_dot_product(q, k, k, mask=mask)
+    assert np.all(weights.numpy()[1, 2] == 0) and np.all(context.numpy()[1, 2] == 0)
+    (context.sum() + weights.sum()).backward()
+    assert np.all(np.isfinite(q.grad.numpy())) and np.all(np.isfinite(k.grad.numpy()))
+    assert np.all(q.grad.numpy()[1, 2] == 0)
+    np.testing.assert_allclose(weights.numpy()[mask.any(-1)].sum(-1), 1.0, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_logits_of_1e4_do_not_overflow(dtype):
+    q = Tensor(np.array([[100.0, 0.0], [-100.0, 0.0]]), requires_grad=True, dtype=dtype)
+    k = Tensor(np.array([[100.0, 0.0], [99.0, 0.0], [0.0, 1.0]]), requires_grad=True, dtype=dtype)
+    context, weights = ta.attention.dot(q, k)            # scores up to 1e4
+    context.sum().backward()
+    for x in (context, weights, q.grad, k.grad):
+        assert np.all(np.isfinite(x.numpy()))
+    # exp(1e4 - 9.9e3) = e^100: the first key takes all the weight.
+    np.testing.assert_allclose(weights.numpy()[0], [1.0, 0.0, 0.0], atol=1e-30)
+
+
+def test_masked_positions_get_exactly_zero_weight_even_with_huge_scores():
+    scores = Tensor(np.array([[1e30, 1.0, 2.0]]), requires_grad=True, dtype=np.float64)
+    weights = ta.attention.masked_softmax(scores, np.array([False, True, True]))
+    expected = np.exp([1.0, 2.0]) / np.exp([1.0, 2.0]).sum()
+    np.testing.assert_allclose(weights.numpy(), [[0.0, *expected]], rtol=1e-14)
+
+
+@given(st.integers(1, 3), st.integers(1, 4), st.integers(1, 4), st.integers(0, 2**32 - 1))
+def test_weights_rows_sum_to_one_or_zero(batch, t_q, t_k, seed):
+    rng = np.random.default_rng(seed)
+    q = Tensor(rng.normal(size=(batch, t_q, 3)) * 5)
+    k = Tensor(rng.normal(size=(batch, t_k, 3)) * 5)
+    mask = rng.random((batch, t_q, t_k)) < 0.6
+    _, weights = ta.attention.scaled_dot_product(q, k, k, mask=mask)
+    w = weights.numpy()
+    np.testing.assert_allclose(w.sum(-1), mask.any(-1).astype(float), atol=1e-6)
+    assert np.all(w[~mask] == 0)
+
+
+@pytest.mark.parametrize("mechanism", ["dot", "general", "concat", "additive", "scaled_dot_product"])
+def test_one_query_per_row_equals_many_queries_of_length_one(mechanism):
+    rng = np.random.default_rng(60)
+    q, k, v = rng.normal(size=(2, 3)), rng.normal(size=(2, 4, 3)), rng.normal(size=(2, 4, 2))
+    params = {
+        "dot": (), "scaled_dot_product": (),
+        "general": (Tensor(rng.normal(size=(3, 3))),),
+        "concat": (Tensor(rng.normal(size=(5, 6))), Tensor(rng.normal(size=5))),
+        "additive": (Tensor(rng.normal(size=(5, 3))), Tensor(rng.normal(size=(5, 3))),
+                     Tensor(rng.normal(size=5))),
+    }[mechanism]
+    fn = getattr(ta.attention, mechanism)
+    mask = np.array([[True, True, False, True], [False, True, True, True]])
+
+    def call(query, mask):
+        if mechanism == "scaled_dot_product":
+            return fn(query, Tensor(k), Tensor(v), mask=mask)
+        return fn(query, Tensor(k), *params, values=Tensor(v), mask=mask)
+
+    c1, w1 = call(Tensor(q), mask)
+    cm, wm = call(Tensor(q[:, None]), mask[:, None])
+    assert c1.shape == (2, 2) and w1.shape == (2, 4)
+    np.testing.assert_allclose(c1.numpy(), cm.numpy()[:, 0], rtol=1e-6)
+    np.testing.assert_allclose(w1.numpy(), wm.numpy()[:, 0], rtol=1e-6)
+
+
+def test_causal_forbids_later_keys():
+    x = Tensor(np.random.default_rng(61).normal(size=(2, 4, 3)))
+    _, weights = ta.attention.scaled_dot_product(x, x, x, causal=True)
+    assert np.all(np.triu(weights.numpy(), k=1) == 0)
+    np.testing.assert_allclose(weights.numpy()[:, 0, 0], 1.0)
+
+
+def test_graph_attention_only_reaches_neighbours_and_self():
+    rng = np.random.default_rng(62)
+    adjacency = np.array([[False, True, False], [False, False, False], [True, True, False]])
+    _, weights = ta.attention.graph(Tensor(rng.normal(size=(3, 2))), adjacency,
+                                    Tensor(rng.normal(size=(4, 2))), Tensor(rng.normal(size=(2, 2))),
+                                    Tensor(rng.normal(size=(2, 2))), heads=2)
+    allowed = adjacency | np.eye(3, dtype=bool)
+    assert weights.shape == (2, 3, 3)
+    assert np.all(weights.numpy()[:, ~allowed] == 0)
+    np.testing.assert_allclose(weights.numpy().sum(-1), 1.0, rtol=1e-6)
+
+
+def test_dropout_keeps_returned_weights_a_distribution():
+    ta.manual_seed(0)
+    x = Tensor(np.random.default_rng(63).normal(size=(1, 6, 4)))
+    context, weights = ta.attention.scaled_dot_product(x, x, x, dropout=0.5)
+    plain, _ = ta.attention.scaled_dot_product(x, x, x)
+    np.testing.assert_allclose(weights.numpy().sum(-1), 1.0, rtol=1e-6)
+    assert not np.allclose(context.numpy(), plain.numpy())
+
+
+def test_need_weights_false_returns_none():
+    x = Tensor(np.ones((1, 2, 4)))
+    context, weights = ta.attention.scaled_dot_product(x, x, x, need_weights=False)
+    assert weights is None and context.shape == (1, 2, 4)
+
+
+# ---------------------------------------------------------------- fused ops vs primitive formulas
+
+
+def test_masked_softmax_equals_masked_fill_then_softmax():
+    scores = rand(70, 2, 3, 4)
+    mask = np.random.default_rng(71).random((3, 4)) < 0.7
+    mask[:, 0] = True                                   # no empty rows: masked_fill would give NaN
+    a = Tensor(scores, requires_grad=True, dtype=np.float64)
+    b = Tensor(scores, requires_grad=True, dtype=np.float64)
+    fused = MaskedSoftmax.apply(a, Tensor(mask))
+    plain = b.masked_fill(~mask, -np.inf).softmax(-1)
+    np.testing.assert_allclose(fused.numpy(), plain.numpy(), rtol=1e-14)
+    c = rand(72, 2, 3, 4)
+    fused.backward(c)
+    plain.backward(c)
+    np.testing.assert_allclose(a.grad.numpy(), b.grad.numpy(), rtol=1e-12, atol=1e-15)
+
+
+def test_additive_scores_equal_broadcast_tanh_formula():
+    q, k, v = rand(73, 2, 3, 4), rand(74, 2, 5, 4), rand(75, 4)
+    fused_in = [Tensor(x, requires_grad=True, dtype=np.float64) for x in (q, k, v)]
+    plain_in = [Tensor(x, requires_grad=True, dtype=np.float64) for x in (q, k, v)]
+    fused = AdditiveScores.apply(*fused_in)
+    qp, kp, vp = plain_in
+    plain = (qp.unsqueeze(-2) + kp.unsqueeze(-3)).tanh() @ vp                # (2, 3, 5)
+    np.testing.assert_allclose(fused.numpy(), plain.numpy(), rtol=1e-13)
+    c = rand(76, 2, 3, 5)
+    fused.backward(c)
+    plain.backward(c)
+    for x, y in zip(fused_in, plain_in, strict=True):
+        np.testing.assert_allclose(x.grad.numpy(), y.grad.numpy(), rtol=1e-12)
+
+
+# ---------------------------------------------------------------- graph records
+
+
+@pytest.mark.parametrize("name, fn, inputs", CASES, ids=IDS)
+def test_every_node_of_a_call_sits_in_the_mechanism_scope(name, fn, inputs):
+    from tinygrad_attn.autograd import toposort
+
+    leaves = [Tensor(x, requires_grad=True) for x in inputs]
+    with ta.scope("decoder"):
+        context, _ = fn(*leaves)
+    mechanism = name.split()[0].replace("sdpa", "scaled_dot_product")
+    scope = "decoder/" + ta.attention.SCOPES[mechanism]
+    scopes = {t.node.scope for t in toposort(context) if t.node is not None}
+    assert scopes and all(s == scope or s.startswith(scope + "/") for s in scopes), scopes
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def t(*shape):
+    return Tensor(np.ones(shape))
+
+
+@pytest.mark.parametrize("call, pattern", [
+    (lambda: ta.attention.dot(t(2, 3), t(2, 4, 5)),
+     r"attention.dot: query \(2, 3\) and keys \(2, 4, 5\) must have the same feature size"),
+    (lambda: ta.attention.dot(t(2, 2, 2, 3), t(2, 4, 3)), r"attention.dot: query \(2, 2, 2, 3\) must have the axes of keys"),
+    (lambda: ta.attention.dot(t(3), t(4, 3), t(5, 2)), r"attention.dot: values \(5, 2\) and keys \(4, 3\) differ in length"),
+    (lambda: ta.attention.dot(t(2, 3), t(2, 4, 3), mask=np.ones((3, 4), bool)),
+     r"attention.dot: mask of shape \(3, 4\) does not broadcast to the weights' shape \(2, 4\)"),
+    (lambda: ta.attention.dot(t(2, 5, 3), t(2, 4, 3), mask=np.ones((2, 4), bool)),
+     r"mask of shape \(2, 4\) does not broadcast to the weights' shape \(2, 5, 4\).*mask\[:, None, :\]"),
+    (lambda: ta.attention.dot(t(3, 3), t(2, 4, 3)), r"attention.dot: batch axes do not broadcast"),
+    (lambda: ta.attention.general(t(2, 3), t(2, 4, 5), t(3, 4)),
+     r"attention.general: keys feature size 5 does not match the weights \(expected 4\): keys \(2, 4, 5\)"),
+    (lambda: ta.attention.concat(t(2, 3), t(2, 4, 5), t(6, 7), t(6)),
+     r"attention.concat: W \(6, 7\) must have d_q \+ d_k = 3 \+ 5 = 8 columns"),
+    (lambda: ta.attention.additive(t(2, 3), t(2, 4, 5), t(6, 3), t(6, 5), t(7)),
+     r"attention.additive: v must have shape \(6\), got \(7,\)"),
+    (lambda: ta.attention.additive(t(2, 3), t(2, 4, 5), t(6, 3), t(7, 5), t(6)),
+     r"attention.additive: W_k must have shape \(6, \*\), got \(7, 5\)"),
+    (lambda: ta.attention.scaled_dot_product(t(3), t(4, 3), t(4, 2), causal=True),
+     r"attention.scaled_dot_product: causal=True needs many queries"),
+    (lambda: ta.attention.multi_head(t(2, 3, 6), t(2, 3, 6), t(2, 3, 6), 4, t(6, 6), t(6, 6), t(6, 6), t(6, 6)),
+     r"attention.multi_head: num_heads=4 must divide the embedding size E=6"),
+    (lambda: ta.attention.multi_head(t(2, 3, 6), t(2, 3, 6), t(2, 3, 6), 2, t(6, 6), t(6, 6), t(6, 6), t(6, 6),
+                                     key_mask=np.ones((3, 2), bool)),
+     r"attention.multi_head: key_mask must be boolean \(B, S\) = \(2, 3\)"),
+    (lambda: ta.attention.multi_head(t(2, 3, 6), t(2, 4, 5), t(2, 4, 5), 2, t(6, 6), t(6, 6), t(6, 5), t(6, 6)),
+     r"attention.multi_head: W_k must have shape \(6, 5\), got \(6, 6\)"),
+    (lambda: ta.attention.graph(t(4, 3), np.ones((3, 3), bool), t(2, 3), t(1, 2), t(1, 2)),
+     r"attention.graph: adjacency must be boolean \(\.\.\., N, N\) = \(\.\.\., 4, 4\) for x \(4, 3\), got bool of shape \(3, 3\)"),
+    (lambda: ta.attention.graph(t(4, 3), np.ones((4, 4), bool), t(4, 3), t(3, 2), t(3, 2), heads=3),
+     r"attention.graph: W \(4, 3\) must have heads \* F_out rows \(heads=3\)"),
+    (lambda: ta.nn.MultiHeadAttention(10, 3), r"MultiHeadAttention: num_heads=3 must divide embed_dim=10"),
+])
+def test_bad_attention_input_raises_errors_naming_the_function(call, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        call()
+
+
+def test_float_mask_is_refused():
+    with pytest.raises(TypeError, match="mask must be boolean"):
+        ta.attention.dot(t(2, 3), t(2, 4, 3), mask=np.zeros((2, 4)))
