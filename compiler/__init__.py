@@ -18,6 +18,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from . import numpy_backend
+from .allocator import keep_freed_memory
+
+keep_freed_memory()
 
 __all__ = ["Backend", "get_backend", "register_backend", "available_devices"]
 

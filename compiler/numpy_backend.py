@@ -240,6 +240,17 @@ def matmul(a, b):
     return np.matmul(a, b)
 
 
+def matmul_nt(a, b):
+    """a @ b^T over the last two axes.  The transpose is a view: BLAS reads it in place
+    (a transposed operand is just a flag to GEMM), so no copy of b is made."""
+    return np.matmul(a, np.swapaxes(b, -1, -2))
+
+
+def matmul_tn(a, b):
+    """a^T @ b over the last two axes, reading a^T in place (see matmul_nt)."""
+    return np.matmul(np.swapaxes(a, -1, -2), b)
+
+
 # ---------------------------------------------------------------- softmax family
 
 
@@ -249,14 +260,23 @@ def softmax(x, axis):
     A row that is entirely -inf (every position masked) gives zeros, not NaN.
     """
     m = np.max(x, axis=axis, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0)
-    e = np.exp(x - m)
+    m[~np.isfinite(m)] = 0
+    # In place from here: one full-size buffer instead of three (these are large arrays).
+    e = np.subtract(x, m)
+    np.exp(e, out=e)
     s = np.sum(e, axis=axis, keepdims=True)
-    return e / np.where(s > 0, s, 1)
+    s[s == 0] = 1
+    e /= s
+    return e
 
 
 def softmax_back(y, dy, axis):
-    return y * (dy - np.sum(dy * y, axis=axis, keepdims=True))
+    """dx = y * (dy - sum(dy * y)), in one full-size buffer."""
+    dx = np.multiply(dy, y)
+    s = np.sum(dx, axis=axis, keepdims=True)
+    np.subtract(dy, s, out=dx)
+    dx *= y
+    return dx
 
 
 def log_softmax(x, axis):

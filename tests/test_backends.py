@@ -1,5 +1,10 @@
 """The backend table: devices share kernel names and can replace any kernel by name."""
 
+import os
+import platform
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -42,3 +47,14 @@ def test_a_device_with_one_replaced_kernel_runs_ops_through_it():
 def test_missing_kernel_names_the_device():
     with pytest.raises(AttributeError, match="backend 'numpy' has no kernel 'nope'"):
         _ = get_backend("numpy").nope
+
+
+def test_allocator_tuning_can_be_turned_off():
+    probe = "from tinygrad_attn.compiler import keep_freed_memory; print(keep_freed_memory())"
+    off = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         env={**os.environ, "TINYGRAD_ATTN_KEEP_MEMORY": "0"})
+    assert off.stdout.strip() == "False"
+    on = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                        env={k: v for k, v in os.environ.items() if k != "TINYGRAD_ATTN_KEEP_MEMORY"})
+    expected = "True" if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc" else "False"
+    assert on.stdout.strip() == expected

@@ -8,9 +8,13 @@ from ..autograd import Example, Op, register
 from ._common import check_float, check_same_dtype, uniform
 
 
-def _swap_last(k, x):
-    axes = tuple(range(x.ndim - 2)) + (x.ndim - 1, x.ndim - 2)
-    return k.permute(x, axes)
+def _matmul_flat(k, a, b):
+    """a @ b; a batched a times a 2-D b is one GEMM over the flattened rows (faster than
+    one GEMM per batch entry, which is what broadcasting b would do)."""
+    if b.ndim == 2 and a.ndim > 2:
+        y = k.matmul(k.reshape(a, (-1, a.shape[-1])), b)           # (N*n, m)
+        return k.reshape(y, a.shape[:-1] + (b.shape[-1],))
+    return k.matmul(a, b)
 
 
 @register
@@ -37,7 +41,7 @@ class MatMul(Op):
             batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
         except ValueError:
             self.fail(f"batch axes do not broadcast: {tuple(a.shape)} @ {tuple(b.shape)}")
-        y2 = k.matmul(a2, b2)                                      # (..., n, m)
+        y2 = _matmul_flat(k, a2, b2)                               # (..., n, m)
         self.saved = (a2, b2, a.shape, b.shape, y2.shape)
         shape = tuple(batch)
         shape += () if a.ndim == 1 else (a2.shape[-2],)
@@ -50,11 +54,20 @@ class MatMul(Op):
         dy2 = k.reshape(dy, y2_shape)                               # (..., n, m)
         da = db = None
         if self.needs_grad[0]:
-            da = k.matmul(dy2, _swap_last(k, b2))                   # (..., n, k)
+            if b2.ndim == 2:                                        # (N, n, m) @ (m, k) as one GEMM
+                da = k.reshape(k.matmul_nt(k.reshape(dy2, (-1, dy2.shape[-1])), b2),
+                               dy2.shape[:-1] + (b2.shape[0],))
+            else:
+                da = k.matmul_nt(dy2, b2)                           # (..., n, k)
             da = k.reshape(k.sum_to(da, a2.shape), a_shape)
         if self.needs_grad[1]:
-            db = k.matmul(_swap_last(k, a2), dy2)                   # (..., k, m)
-            db = k.reshape(k.sum_to(db, b2.shape), b_shape)
+            if b2.ndim == 2 and a2.ndim > 2:
+                # A weight shared by every row: summing the per-batch products is one GEMM
+                # over the flattened rows, (k, N*n) @ (N*n, m).
+                db = k.matmul_tn(k.reshape(a2, (-1, a2.shape[-1])), k.reshape(dy2, (-1, dy2.shape[-1])))
+            else:
+                db = k.sum_to(k.matmul_tn(a2, dy2), b2.shape)       # (..., k, m)
+            db = k.reshape(db, b_shape)
         return da, db
 
     @classmethod

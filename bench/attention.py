@@ -1,0 +1,592 @@
+"""Attention at realistic sizes: multi-head self-attention and scaled dot-product attention,
+forward + backward, tinygrad_attn against PyTorch CPU.
+
+Contenders run in the same process, alternating within each repeat, and the medians are
+compared as ratios (absolute times on shared machines drift by 25-40% between runs).
+
+    multi-head attention   B=8, T=256, E=256, H=8, float32, self-attention, forward+backward
+        ta.nn.MultiHeadAttention on device "cpu" (need_weights False and True) and "numpy",
+        torch.nn.MultiheadAttention(256, 8, batch_first=True) (need_weights False and True),
+        with the same weights (torch's state_dict loaded into ours) and the same cotangent.
+    scaled dot-product     ta.attention.scaled_dot_product vs F.scaled_dot_product_attention,
+        (B, H, T, d) = (1,1,128,64), (8,8,128,64), (8,8,512,64), float32; "fwd" runs without
+        autograd (no_grad on both sides), "fwd+bwd" records the graph and backpropagates.
+
+Before timing, ours and torch are checked to agree (outputs to 1e-4, gradients to 1e-4
+relative to their largest entry), so both sides time the same computation.  Thread
+settings are left as they are and printed.  Without PyTorch, ours is timed alone.
+
+``--profile`` instead breaks one MHA forward+backward of ours down by op and by kernel
+(ranked), then prints a cProfile summary: where the engine spends its time.
+
+Noise to know about on a machine with few cores:
+  - anything else running makes the multi-threaded BLAS and OpenMP pools stall at their barriers
+    (timings inflate erratically, torch's most of all); the CPU other processes took is printed
+    before and after, and ``--threads 1`` pins every pool to one thread;
+  - ours allocates ~45 MiB of large temporaries per MHA step.  The engine keeps freed memory in
+    the process (compiler/allocator.py); with TINYGRAD_ATTN_KEEP_MEMORY=0 glibc hands the blocks
+    back to the OS and every step page-faults them in again (``--profile`` counts the faults):
+    ~90 instead of ~60 ms.  MALLOC_* variables in the environment are printed when set.
+
+Run:  .venv/bin/python bench/attention.py [--quick] [--repeats 7] [--threads N] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import platform
+import pstats
+import statistics
+import sys
+import time
+from collections import defaultdict
+
+import numpy as np
+
+import tinygrad_attn as ta
+from tinygrad_attn.compiler import available_devices, get_backend
+from tinygrad_attn.nn import Parameter
+
+try:
+    import torch
+except ImportError:  # time ours alone
+    torch = None
+
+B, T, E, H = 8, 256, 256, 8
+SDPA_SHAPES = [(1, 1, 128, 64), (8, 8, 128, 64), (8, 8, 512, 64)]
+TOL = 1e-4
+
+
+NOISY = ("* varied more than 1.5x between repeats: compare with care (other processes, allocator "
+         "or thread-pool state; see the module docstring)")
+
+
+# ---------------------------------------------------------------- machine
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def blas_name() -> str:
+    try:
+        blas = np.__config__.CONFIG["Build Dependencies"]["blas"]
+        return f"{blas['name']} {blas.get('version', '')}".strip()
+    except (AttributeError, KeyError, TypeError):
+        return "unknown BLAS"
+
+
+THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _cpu_seconds() -> tuple[float, float, float] | None:
+    """(machine busy CPU-seconds, this process's CPU-seconds, wall time), or None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(n) for n in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    busy = sum(fields) - fields[3] - fields[4]          # all but idle and iowait
+    own = os.times()
+    return busy / os.sysconf("SC_CLK_TCK"), own.user + own.system, time.perf_counter()
+
+
+def others_note(since, when: str) -> None:
+    """How much CPU other processes took: on a machine with few cores they make the
+    multi-threaded BLAS/OpenMP pools stall at their barriers, inflating timings erratically."""
+    now = _cpu_seconds()
+    if since is None or now is None:
+        return
+    wall = now[2] - since[2]
+    others = max(0.0, (now[0] - since[0]) - (now[1] - since[1])) / (wall * (os.cpu_count() or 1))
+    print(f"other processes used {100 * others:.0f}% of the machine's CPU {when}"
+          + ("  <- expect noisy, inflated timings (try --threads 1)" if others > 0.15 else ""))
+
+
+def print_machine(threads_flag: int | None) -> None:
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cores ({platform.machine()}); "
+          f"python {platform.python_version()}, numpy {np.__version__} ({blas_name()}), "
+          f"torch {torch.__version__ if torch else 'not installed'}")
+    env = {k: os.environ[k] for k in THREAD_ENV if k in os.environ}
+    how = f"set by --threads {threads_flag}" if threads_flag else "left as found"
+    threads = f"torch.get_num_threads() = {torch.get_num_threads()}" if torch else "torch absent"
+    print(f"threads ({how}): {threads}; thread env: {env or 'none set (BLAS uses every core)'}")
+    keep = os.environ.get("TINYGRAD_ATTN_KEEP_MEMORY", "1") != "0"
+    print(f"engine keeps freed memory (compiler/allocator.py): {'yes' if keep else 'no'}")
+    malloc = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
+    if malloc:
+        print(f"glibc malloc tuning from the environment: {malloc}")
+    since = _cpu_seconds()
+    time.sleep(1.0)
+    others_note(since, "in the second before timing")
+
+
+def set_threads(n: int) -> None:
+    """Pin OpenBLAS, OpenMP (torch, numba) and MKL to ``n`` threads: the BLAS pools read their
+    size when they load, so the script re-executes itself with the variables set."""
+    wanted = {k: str(n) for k in THREAD_ENV}
+    if any(os.environ.get(k) != v for k, v in wanted.items()):
+        os.environ.update(wanted)
+        os.execv(sys.executable, [sys.executable] + sys.argv)
+    if torch is not None:
+        torch.set_num_threads(n)
+
+
+# ---------------------------------------------------------------- timing
+
+
+def calibrate(step, budget_s: float) -> int:
+    """Calls per measurement so that one measurement takes about ``budget_s``."""
+    step()
+    step()                                 # warm: allocator, BLAS threads, torch dispatch
+    t0 = time.perf_counter()
+    step()
+    elapsed = time.perf_counter() - t0
+    return max(1, round(budget_s / max(elapsed, 1e-9)))
+
+
+def run_alternating(contenders: dict, repeats: int, budget_s: float) -> dict[str, list[float]]:
+    """ms per call of each contender, one measurement per contender per repeat, alternating."""
+    numbers = {name: calibrate(step, budget_s) for name, step in contenders.items()}
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(repeats):
+        for name, step in contenders.items():
+            step()                         # warm after the other contenders ran
+            n = numbers[name]
+            t0 = time.perf_counter()
+            for _ in range(n):
+                step()
+            times[name].append((time.perf_counter() - t0) / n * 1e3)
+    return times
+
+
+def rel_err(ours: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(ours - ref).max() / max(np.abs(ref).max(), 1e-30))
+
+
+def check(what: str, ours: np.ndarray, ref: np.ndarray, relative: bool = False) -> bool:
+    err = rel_err(ours, ref) if relative else float(np.abs(ours - ref).max())
+    ok = err <= TOL
+    kind = "max rel err" if relative else "max abs err"
+    print(f"  {'ok  ' if ok else 'FAIL'} {what:<42}{kind} {err:.2e}")
+    return ok
+
+
+# ---------------------------------------------------------------- multi-head attention
+
+
+def module_on(module, device: str):
+    """Re-create every parameter of ``module`` on ``device`` (Module has no .to(); parameters
+    are replaced by new Parameters with the same values and names)."""
+    for _, sub in module.named_modules():
+        for name, p in list(sub._parameters.items()):
+            if p is None:
+                continue
+            moved = Parameter(p.numpy(), dtype=p.dtype, device=device)
+            full_name = p.name
+            setattr(sub, name, moved)
+            moved.name = full_name
+    return module
+
+
+def mha_inputs():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((B, T, E)).astype(np.float32)
+    g = rng.standard_normal((B, T, E)).astype(np.float32)
+    return x, g
+
+
+def torch_mha():
+    torch.manual_seed(0)
+    tm = torch.nn.MultiheadAttention(E, H, batch_first=True)
+    with torch.no_grad():          # non-zero biases, so the bias paths are compared too
+        tm.in_proj_bias.normal_(0.0, 0.1)
+        tm.out_proj.bias.normal_(0.0, 0.1)
+    return tm
+
+
+def ours_mha(state, device: str):
+    m = ta.nn.MultiHeadAttention(E, H)
+    if state is not None:
+        m.load_state_dict(state)
+    if device != "cpu":
+        module_on(m, device)
+    return m
+
+
+def ours_mha_step(m, x: np.ndarray, g: np.ndarray, device: str, need_weights: bool):
+    xt = ta.Tensor(x, requires_grad=True, device=device)
+    gt = ta.Tensor(g, device=device)
+
+    def step():
+        m.zero_grad()
+        xt.grad = None
+        out, _ = m(xt, xt, xt, need_weights=need_weights)
+        out.backward(gt)
+
+    return step, xt
+
+
+def torch_mha_step(tm, x: np.ndarray, g: np.ndarray, need_weights: bool):
+    xt = torch.tensor(x, requires_grad=True)
+    gt = torch.tensor(g)
+
+    def step():
+        tm.zero_grad(set_to_none=True)
+        xt.grad = None
+        out, _ = tm(xt, xt, xt, need_weights=need_weights)
+        out.backward(gt)
+
+    return step, xt
+
+
+def verify_mha(m, tm, x, g) -> bool:
+    """Ours and torch agree on outputs, weights and every gradient (one step each)."""
+    print("verify (ours cpu vs torch, MHA, float32):")
+    ok = True
+    for need_weights in (False, True):
+        for mod in (m, tm):
+            mod.zero_grad()
+        xo = ta.Tensor(x, requires_grad=True)
+        xt = torch.tensor(x, requires_grad=True)
+        oo, wo = m(xo, xo, xo, need_weights=need_weights)
+        ot, wt = tm(xt, xt, xt, need_weights=need_weights)
+        oo.backward(ta.Tensor(g))
+        ot.backward(torch.tensor(g))
+        tag = f"need_weights={need_weights}"
+        ok &= check(f"output ({tag})", oo.numpy(), ot.detach().numpy())
+        if need_weights:
+            ok &= check("averaged weights", wo.numpy(), wt.detach().numpy())
+        ok &= check(f"d input ({tag})", xo.grad.numpy(), xt.grad.numpy(), relative=True)
+        ours_params = dict(m.named_parameters())
+        for name, p in tm.named_parameters():
+            ok &= check(f"d {name} ({tag})", ours_params[name].grad.numpy(), p.grad.numpy(),
+                        relative=True)
+    m.zero_grad()
+    tm.zero_grad()
+    return ok
+
+
+def bench_mha(repeats: int, budget_s: float) -> None:
+    print(f"\n== multi-head attention: self-attention B={B} T={T} E={E} H={H} float32, "
+          f"forward+backward ==")
+    x, g = mha_inputs()
+    tm = torch_mha() if torch else None
+    state = tm.state_dict() if tm is not None else None
+    contenders = {}
+    m_cpu = ours_mha(state, "cpu")
+    state = m_cpu.state_dict() if state is None else state     # the numpy copy gets the same weights
+    if tm is not None and not verify_mha(m_cpu, tm, x, g):
+        sys.exit("ours and torch disagree: not timing different computations")
+    contenders["ours[cpu] need_weights=False"] = ours_mha_step(m_cpu, x, g, "cpu", False)[0]
+    contenders["ours[cpu] need_weights=True"] = ours_mha_step(m_cpu, x, g, "cpu", True)[0]
+    if "numpy" in available_devices():
+        m_np = ours_mha(state, "numpy")
+        step, _ = ours_mha_step(m_np, x, g, "numpy", False)
+        out_np = m_np(*(ta.Tensor(x, device="numpy"),) * 3, need_weights=False)[0].numpy()
+        out_cpu = m_cpu(*(ta.Tensor(x),) * 3, need_weights=False)[0].numpy()
+        if np.abs(out_np - out_cpu).max() <= TOL:
+            contenders["ours[numpy] need_weights=False"] = step
+        else:
+            print("note: device 'numpy' output differs from 'cpu'; not timing it")
+    else:
+        print("note: no 'numpy' device registered; not timing it")
+    if tm is not None:
+        contenders["torch need_weights=False"] = torch_mha_step(tm, x, g, False)[0]
+        contenders["torch need_weights=True"] = torch_mha_step(tm, x, g, True)[0]
+    else:
+        print("note: PyTorch is not installed (`pip install torch==2.13.0`); timing ours only")
+
+    times = run_alternating(contenders, repeats, budget_s)
+    medians = {name: statistics.median(v) for name, v in times.items()}
+    print(f"{repeats} repeats, medians of ms per forward+backward (min..max over repeats)"
+          + ("; ratios are ours/torch" if tm is not None else ""))
+    header = f"{'contender':<32}{'median ms':>10}{'min..max':>18}"
+    if tm is not None:
+        header += f"{'vs torch nw=F':>15}{'vs torch same nw':>18}"
+    print(header)
+    for name, values in times.items():
+        line = f"{name:<32}{medians[name]:>10.1f}{f'{min(values):.1f}..{max(values):.1f}':>18}"
+        if tm is not None:
+            same = "torch need_weights=" + ("True" if "need_weights=True" in name else "False")
+            line += f"{medians[name] / medians['torch need_weights=False']:>14.2f}x"
+            line += f"{medians[name] / medians[same]:>17.2f}x"
+        print(line + ("  *" if max(values) > 1.5 * min(values) else ""))
+    if any(max(v) > 1.5 * min(v) for v in times.values()):
+        print(NOISY)
+
+
+# ---------------------------------------------------------------- scaled dot-product attention
+
+
+def sdpa_arrays(shape):
+    rng = np.random.default_rng(sum(shape))
+    q, k, v, g = (rng.standard_normal(shape).astype(np.float32) for _ in range(4))
+    return q, k, v, g
+
+
+def ours_sdpa(arrays, backward: bool):
+    q, k, v, g = arrays
+    ts = [ta.Tensor(a, requires_grad=backward) for a in (q, k, v)]
+    gt = ta.Tensor(g)
+    if backward:
+        def step():
+            for t in ts:
+                t.grad = None
+            out, _ = ta.attention.scaled_dot_product(*ts, need_weights=False)
+            out.backward(gt)
+    else:
+        def step():
+            with ta.no_grad():
+                ta.attention.scaled_dot_product(*ts, need_weights=False)
+    return step, ts
+
+
+def torch_sdpa(arrays, backward: bool):
+    q, k, v, g = arrays
+    ts = [torch.tensor(a, requires_grad=backward) for a in (q, k, v)]
+    gt = torch.tensor(g)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    if backward:
+        def step():
+            for t in ts:
+                t.grad = None
+            sdpa(*ts).backward(gt)
+    else:
+        def step():
+            with torch.no_grad():
+                sdpa(*ts)
+    return step, ts
+
+
+def verify_sdpa(shape, arrays) -> bool:
+    step_o, ours = ours_sdpa(arrays, True)
+    step_t, theirs = torch_sdpa(arrays, True)
+    out_o = ta.attention.scaled_dot_product(*ours, need_weights=False)[0].numpy()
+    with torch.no_grad():
+        out_t = torch.nn.functional.scaled_dot_product_attention(*theirs).numpy()
+    step_o()
+    step_t()
+    ok = check(f"sdpa output {shape}", out_o, out_t)
+    for name, a, b in zip("qkv", ours, theirs, strict=True):
+        ok &= check(f"sdpa d{name} {shape}", a.grad.numpy(), b.grad.numpy(), relative=True)
+    return ok
+
+
+def bench_sdpa(shapes, repeats: int, budget_s: float) -> None:
+    print("\n== scaled dot-product attention, float32 (fwd: no autograd; fwd+bwd: backward of a "
+          "fixed cotangent) ==")
+    rows = []
+    for shape in shapes:
+        arrays = sdpa_arrays(shape)
+        if torch is not None:
+            print(f"verify {shape}:")
+            if not verify_sdpa(shape, arrays):
+                sys.exit("ours and torch disagree: not timing different computations")
+        contenders = {}
+        for backward, label in ((False, "fwd"), (True, "fwd+bwd")):
+            contenders[("ours", label)] = ours_sdpa(arrays, backward)[0]
+            if torch is not None:
+                contenders[("torch", label)] = torch_sdpa(arrays, backward)[0]
+        times = run_alternating(contenders, repeats, budget_s)
+        for label in ("fwd", "fwd+bwd"):
+            ours = statistics.median(times[("ours", label)])
+            theirs = statistics.median(times[("torch", label)]) if torch is not None else None
+            noisy = any(max(v) > 1.5 * min(v) for key, v in times.items() if key[1] == label)
+            rows.append((shape, label, ours, theirs, noisy))
+    if torch is None:
+        print("note: PyTorch is not installed (`pip install torch==2.13.0`); timing ours only")
+    print(f"{repeats} repeats, medians of ms per call")
+    header = f"{'(B, H, T, d)':<18}{'pass':<9}{'ours ms':>10}"
+    print(header + (f"{'torch ms':>10}{'ours/torch':>12}" if torch is not None else ""))
+    for shape, label, ours, theirs, noisy in rows:
+        line = f"{str(shape):<18}{label:<9}{ours:>10.2f}"
+        if theirs is not None:
+            line += f"{theirs:>10.2f}{ours / theirs:>11.2f}x"
+        print(line + ("  *" if noisy else ""))
+    if any(row[-1] for row in rows):
+        print(NOISY)
+
+
+# ---------------------------------------------------------------- profile
+
+
+def describe(arrays) -> str:
+    return " ".join("x".join(map(str, a.shape)) or "()" for a in arrays if hasattr(a, "shape"))
+
+
+def _minor_faults() -> int | None:
+    try:
+        import resource
+    except ImportError:
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def profile_mha(steps: int) -> None:
+    """One MHA forward+backward of ours (cpu, need_weights=False), broken down by op and by
+    kernel: each Op's forward/backward and each backend kernel is wrapped with a timer."""
+    x, g = mha_inputs()
+    m = ours_mha(torch_mha().state_dict() if torch else None, "cpu")
+    step, _ = ours_mha_step(m, x, g, "cpu", False)
+    for _ in range(3):
+        step()
+    faults = _minor_faults()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    plain_ms = (time.perf_counter() - t0) / steps * 1e3
+    faults = (_minor_faults() - faults) / steps if faults is not None else None
+
+    op_time: dict[tuple, float] = defaultdict(float)
+    op_calls: dict[tuple, int] = defaultdict(int)
+    kernel_time: dict[tuple, float] = defaultdict(float)
+    kernel_calls: dict[tuple, int] = defaultdict(int)
+    current: list[tuple] = []
+
+    def wrap_op(cls):
+        forward, backward = cls.forward, cls.backward
+
+        def timed_forward(self, *inputs):
+            key = (cls.name, describe(inputs), self.attrs_text()[:40])
+            self.__dict__["_bench_key"] = key
+            current.append(("fwd",) + key)
+            t = time.perf_counter()
+            try:
+                return forward(self, *inputs)
+            finally:
+                op_time[current[-1]] += time.perf_counter() - t
+                op_calls[current[-1]] += 1
+                current.pop()
+
+        def timed_backward(self, dy):
+            current.append(("bwd",) + self.__dict__.get("_bench_key", (cls.name, "?", "")))
+            t = time.perf_counter()
+            try:
+                return backward(self, dy)
+            finally:
+                op_time[current[-1]] += time.perf_counter() - t
+                op_calls[current[-1]] += 1
+                current.pop()
+
+        cls.forward, cls.backward = timed_forward, timed_backward
+        return forward, backward
+
+    def wrap_kernel(kname, fn):
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                where = current[-1] if current else ("-", "outside ops", "", "")
+                kernel_time[(where, kname)] += time.perf_counter() - t
+                kernel_calls[(where, kname)] += 1
+        return timed
+
+    backend = get_backend("cpu")
+    originals_ops = {cls: wrap_op(cls) for cls in ta.ops.registry.values()}
+    originals_kernels = {}
+    for kname in backend.kernel_names():
+        originals_kernels[kname] = getattr(backend, kname)
+        setattr(backend, kname, wrap_kernel(kname, originals_kernels[kname]))
+    try:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        wrapped_ms = (time.perf_counter() - t0) / steps * 1e3
+    finally:
+        for cls, (forward, backward) in originals_ops.items():
+            cls.forward, cls.backward = forward, backward
+        for kname, fn in originals_kernels.items():
+            setattr(backend, kname, fn)
+
+    print(f"\n== profile: ours[cpu] MHA forward+backward, need_weights=False, {steps} steps ==")
+    print(f"step: {plain_ms:.1f} ms plain, {wrapped_ms:.1f} ms with timers")
+    if faults is not None:
+        print(f"minor page faults per step: {faults:.0f} (~{faults * 4 / 1024:.0f} MiB of fresh pages "
+              f"the allocator took from the OS; each one is paid inside the op that allocated)")
+    in_ops = sum(op_time.values()) / steps * 1e3
+    print(f"\nby op (an op's time includes its kernels), ms per step; "
+          f"outside any op (autograd walk, grad accumulation, Python): {wrapped_ms - in_ops:.1f} ms")
+    print(f"{'phase':<6}{'op':<14}{'input shapes':<38}{'attrs':<26}{'calls':>6}{'ms':>8}{'%':>6}")
+    for key, secs in sorted(op_time.items(), key=lambda kv: -kv[1]):
+        phase, name, shapes, attrs = key
+        ms = secs / steps * 1e3
+        if ms < 0.05:
+            continue
+        print(f"{phase:<6}{name:<14}{shapes[:37]:<38}{attrs[:25]:<26}{op_calls[key] // steps:>6}"
+              f"{ms:>8.2f}{100 * ms / wrapped_ms:>6.1f}")
+
+    print("\nby kernel, summed over calling ops, ms per step")
+    per_kernel: dict[str, float] = defaultdict(float)
+    per_kernel_calls: dict[str, int] = defaultdict(int)
+    for (_, kname), secs in kernel_time.items():
+        per_kernel[kname] += secs
+        per_kernel_calls[kname] += kernel_calls[(_, kname)]
+    print(f"{'kernel':<18}{'calls':>6}{'ms':>8}{'%':>6}")
+    for kname, secs in sorted(per_kernel.items(), key=lambda kv: -kv[1]):
+        ms = secs / steps * 1e3
+        if ms >= 0.05:
+            print(f"{kname:<18}{per_kernel_calls[kname] // steps:>6}{ms:>8.2f}"
+                  f"{100 * ms / wrapped_ms:>6.1f}")
+
+    print("\nby (op, kernel), top 20, ms per step")
+    print(f"{'phase':<6}{'op':<14}{'input shapes':<38}{'kernel':<16}{'calls':>6}{'ms':>8}")
+    ranked = sorted(kernel_time.items(), key=lambda kv: -kv[1])[:20]
+    for ((phase, name, shapes, _), kname), secs in ranked:
+        print(f"{phase:<6}{name:<14}{shapes[:37]:<38}{kname:<16}"
+              f"{kernel_calls[((phase, name, shapes, _), kname)] // steps:>6}{secs / steps * 1e3:>8.2f}")
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        step()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(15)
+    print(f"\ncProfile, {steps} steps, top 15 by own time:")
+    lines = text.getvalue().splitlines()
+    start = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
+    print("\n".join(line for line in lines[start:] if line.strip()))
+
+
+# ---------------------------------------------------------------- main
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="3 repeats, shorter measurements, only the smallest SDPA shape")
+    parser.add_argument("--repeats", type=int, default=None, help="default 7 (3 with --quick)")
+    parser.add_argument("--profile", action="store_true",
+                        help="break ours' MHA forward+backward down by op and kernel instead of timing")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="pin BLAS/OpenMP/torch to this many threads (default: leave as found)")
+    args = parser.parse_args()
+    repeats = args.repeats or (3 if args.quick else 7)
+    budget_s = 0.08 if args.quick else 0.3
+    if args.threads:
+        set_threads(args.threads)
+
+    print_machine(args.threads)
+    since = _cpu_seconds()
+    if args.profile:
+        profile_mha(steps=5 if args.quick else 20)
+    else:
+        bench_mha(repeats, budget_s)
+        bench_sdpa(SDPA_SHAPES[:1] if args.quick else SDPA_SHAPES, repeats, budget_s)
+    others_note(since, "while this ran")
+
+
+if __name__ == "__main__":
+    main()
