@@ -9,8 +9,9 @@ so a new device can replace one kernel at a time and stays complete meanwhile.
 
 Devices:
     "numpy"  plain numpy, the reference implementation and the oracle in tests.
-    "cpu"    the default device.  Today it runs the numpy reference kernels; compiled
-             Numba kernels replace them by name as they land (see README).
+    "cpu"    the default device: Numba kernels (compiler/cpu.py) for softmax-shaped work
+             and fused attention, BLAS (through numpy) for matrix products, the reference
+             kernels for the rest.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from .allocator import keep_freed_memory
 
 keep_freed_memory()
 
-__all__ = ["Backend", "get_backend", "register_backend", "available_devices"]
+__all__ = ["Backend", "get_backend", "register_backend", "available_devices", "keep_freed_memory"]
 
 
 class Backend:
@@ -71,11 +72,29 @@ class Backend:
         return f"Backend({self.name!r}, {len(self.kernels)} own kernels, parent={parent!r})"
 
 
+# The kernels compiler/cpu.py overrides.  Listed here so that importing the package does
+# not import Numba (~0.2 s): the first call of any of them loads them all.
+CPU_KERNELS = ("softmax", "softmax_back", "log_softmax", "log_softmax_back", "masked_softmax",
+               "cross_entropy", "cross_entropy_back", "embedding_back", "sdpa", "sdpa_back")
+
+
+def _load_cpu_kernels(name: str) -> Callable:
+    def first_call(*args):
+        from . import cpu
+
+        for kernel_name, fn in cpu.KERNELS.items():
+            _BACKENDS["cpu"].register_kernel(kernel_name, fn)
+        return cpu.KERNELS[name](*args)
+
+    first_call.__name__ = name
+    return first_call
+
+
 _REFERENCE = Backend("numpy", numpy_backend.KERNELS)
 _BACKENDS: dict[str, Backend] = {
     "numpy": _REFERENCE,
-    # The default device; compiled kernels override the reference ones by name.
-    "cpu": Backend("cpu", {}, parent=_REFERENCE),
+    # The default device: Numba kernels (compiler/cpu.py) override reference ones by name.
+    "cpu": Backend("cpu", {name: _load_cpu_kernels(name) for name in CPU_KERNELS}, parent=_REFERENCE),
 }
 
 

@@ -277,3 +277,52 @@ def test_bad_attention_input_raises_errors_naming_the_function(call, pattern):
 def test_float_mask_is_refused():
     with pytest.raises(TypeError, match="mask must be boolean"):
         ta.attention.dot(t(2, 3), t(2, 4, 3), mask=np.zeros((2, 4)))
+
+
+# ---------------------------------------------------------------- the fused path (need_weights=False)
+
+
+FUSED_CASES = [
+    ("plain", (rand(90, 2, 3, 2), rand(91, 2, 4, 2), rand(92, 2, 4, 3)), None, False),
+    ("causal", (rand(93, 3, 2), rand(94, 3, 2), rand(95, 3, 2)), None, True),
+    ("mask with empty row", (rand(96, 2, 2, 2), rand(97, 2, 3, 2), rand(98, 2, 3, 1)),
+     CAUSAL_PLUS_EMPTY, False),
+    ("one query per row, key mask", (rand(99, 2, 2), rand(100, 2, 3, 2), rand(101, 2, 3, 2)), MASK, False),
+]
+
+
+def _fused(mask, causal):
+    def context(q, k, v):
+        out, weights = ta.attention.scaled_dot_product(q, k, v, mask=mask, causal=causal, need_weights=False)
+        assert weights is None
+        return out
+    return context
+
+
+@pytest.mark.parametrize("name, inputs, mask, causal", FUSED_CASES, ids=[c[0] for c in FUSED_CASES])
+def test_fused_scaled_dot_product_matches_sympy_and_finite_differences(name, inputs, mask, causal):
+    assert ta.check.symbolic(_fused(mask, causal), *inputs).ok
+    assert ta.check.gradcheck(_fused(mask, causal), *inputs).ok
+
+
+@given(st.integers(1, 3), st.integers(1, 5), st.integers(1, 5), st.booleans(), st.booleans(),
+       st.integers(0, 2**32 - 1))
+def test_fused_scaled_dot_product_equals_the_weights_path(batch, t_q, t_k, causal, masked, seed):
+    rng = np.random.default_rng(seed)
+    arrays = [rng.normal(size=(batch, t_q, 3)), rng.normal(size=(batch, t_k, 3)), rng.normal(size=(batch, t_k, 2))]
+    mask = rng.random((batch, t_q, t_k)) < 0.7 if masked else None
+    dout = rng.normal(size=(batch, t_q, 2))
+    results = []
+    for need_weights in (False, True):
+        leaves = [Tensor(a, requires_grad=True, dtype=np.float64) for a in arrays]
+        out, _ = ta.attention.scaled_dot_product(*leaves, mask=mask, causal=causal, need_weights=need_weights)
+        out.backward(dout)
+        results.append([out.numpy()] + [x.grad.numpy() for x in leaves])
+    for fused, plain in zip(*results, strict=True):
+        np.testing.assert_allclose(fused, plain, rtol=1e-10, atol=1e-12)
+
+
+def test_fused_scaled_dot_product_is_one_node():
+    q = Tensor(rand(102, 2, 4, 3), requires_grad=True)
+    out, _ = ta.attention.scaled_dot_product(q, q, q, causal=True, need_weights=False)
+    assert out.node.op_name == "ScaledDotProduct" and out.node.scope == "scaled_dot_product_attention"

@@ -37,7 +37,7 @@ import numpy as np
 
 from . import functional
 from .autograd import ShapeError, scope
-from .ops import AdditiveScores, MaskedSoftmax
+from .ops import AdditiveScores, MaskedSoftmax, ScaledDotProduct
 from .tensor import Tensor
 
 __all__ = [
@@ -310,7 +310,8 @@ def scaled_dot_product(q: Tensor, k: Tensor, v: Tensor, mask=None, causal: bool 
         dropout: probability of dropping each weight when computing the context (always
             applied when > 0, as in PyTorch's function; modules pass 0 in eval mode).  The
             returned weights are the distribution before dropout.
-        need_weights: return the weights (else None).
+        need_weights: return the weights (else None).  Without weights or dropout the call
+            is one fused ``ScaledDotProduct`` node that never keeps the (T_q, T_k) weights.
 
     Returns:
         (context (..., [T_q,] d_v), weights (..., [T_q,] T_k) or None)
@@ -321,14 +322,19 @@ def scaled_dot_product(q: Tensor, k: Tensor, v: Tensor, mask=None, causal: bool 
         call = _Layout(fname, q, k, v, mask)
         if call.query.shape[-1] != k.shape[-1]:
             _fail(fname, f"q {q.shape} and k {k.shape} must have the same feature size d_k")
-        if causal:
-            if call.single:
-                _fail(fname, f"causal=True needs many queries (..., T_q, d_k); got one query per "
-                             f"row, q {q.shape}")
-            call.add_mask(np.tril(np.ones(call.weights_shape[-2:], dtype=bool)))
+        if causal and call.single:
+            _fail(fname, f"causal=True needs many queries (..., T_q, d_k); got one query per "
+                         f"row, q {q.shape}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"attention.{fname}: dropout must be in [0, 1), got {dropout}")
         scale = 1.0 / math.sqrt(k.shape[-1]) if scale is None else float(scale)
+        if not need_weights and dropout == 0.0:
+            # Nobody asked for the weights: the fused op keeps only each row's log-sum-exp.
+            masks = () if call.mask is None else (call.mask,)
+            context = ScaledDotProduct.apply(call.query, k, v, *masks, scale=scale, causal=causal)
+            return (context.squeeze(-2) if call.single else context), None
+        if causal:
+            call.add_mask(np.tril(np.ones(call.weights_shape[-2:], dtype=bool)))
         # Scaling q before the product touches T_q*d entries instead of T_q*T_k.
         scores = (call.query * scale) @ _keys_t(k)                           # (..., T_q, T_k)
         return call.finish(scores, dropout, need_weights)

@@ -10,7 +10,7 @@ Write your own the same way; it gets ``ta.check`` verification and graph records
 
 from ..autograd import Example, Op, register, registry
 from . import attention, elementwise, linalg, movement, nn, reduce
-from .attention import AdditiveScores, MaskedSoftmax
+from .attention import AdditiveScores, MaskedSoftmax, ScaledDotProduct
 from .elementwise import (
     Add,
     Cast,
@@ -40,4 +40,5 @@ __all__ = [
     "LeakyRelu", "Where", "MaskedFill", "Cast", "MatMul", "Reshape", "Permute", "Expand",
     "GetItem", "Cat", "Stack", "Sum", "Mean", "Max", "Softmax", "LogSoftmax", "CrossEntropy",
     "NLLLoss", "Embedding", "Dropout", "MaskedSoftmax", "AdditiveScores",
+    "ScaledDotProduct",
 ]

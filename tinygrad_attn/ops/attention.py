@@ -1,8 +1,8 @@
-"""Fused attention ops: the masked softmax that turns scores into weights, and Bahdanau's
-additive score function.
+"""Fused attention ops: the masked softmax that turns scores into weights, Bahdanau's
+additive score function, and scaled dot-product attention that never keeps its weights.
 
 The rest of every mechanism (dot products, projections, the weighted sum of values) is
-matrix products, so ``ta.attention`` builds each mechanism from these two ops and MatMul
+matrix products, so ``ta.attention`` builds each mechanism from these ops and MatMul
 inside one named scope.
 """
 
@@ -11,7 +11,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd import Example, Op, register
-from ._common import broadcast_shape, check_bool, check_float, check_same_dtype, elementwise, uniform
+from ._common import (
+    broadcast_shape,
+    check_bool,
+    check_float,
+    check_same_dtype,
+    elementwise,
+    number,
+    uniform,
+)
 
 
 @register
@@ -109,3 +117,80 @@ class AdditiveScores(Op):
         return [Example((uniform(810, 2, 3), uniform(811, 4, 3), uniform(812, 3))),
                 Example((uniform(813, 2, 1, 2), uniform(814, 3, 2), uniform(815, 2))),  # shared keys
                 Example((uniform(816, 2, 2, 2), uniform(817, 2, 1, 2), uniform(818, 2)))]
+
+
+@register
+class ScaledDotProduct(Op):
+    """o = softmax(q k^T * scale, masked) v, fused: q (..., T_q, D), k (..., T_k, D),
+    v (..., T_k, D_v), optional boolean mask (True = may attend) broadcast to (..., T_q, T_k).
+
+    The weights are never kept: forward saves each row's log-sum-exp and backward rebuilds
+    the weights from it, block by block, so memory stays that of q, k, v and o.  ``causal``
+    forbids key j > query i.  A row with nothing to attend to gives o = 0 and no gradient.
+    """
+
+    @staticmethod
+    def symbolic(sp, q, k, v, mask=None, scale=1.0, causal=False):
+        q = np.asarray(q, dtype=object)
+        scores = np.matmul(q * number(sp, scale), np.swapaxes(np.asarray(k, dtype=object), -1, -2))
+        allowed = np.ones(scores.shape, dtype=bool) if mask is None else np.broadcast_to(mask, scores.shape)
+        if causal:
+            allowed = allowed & np.tril(np.ones(scores.shape[-2:], dtype=bool))
+        return np.matmul(MaskedSoftmax.symbolic(sp, scores, allowed), np.asarray(v, dtype=object))
+
+    def forward(self, q, k, v, mask=None):
+        check_same_dtype(self, q, k, v)
+        check_float(self, q)
+        if q.ndim < 2 or k.ndim < 2 or v.ndim < 2:
+            self.fail(f"expected q (..., T_q, D), k (..., T_k, D), v (..., T_k, D_v), got "
+                      f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+            self.fail(f"q {tuple(q.shape)} and k {tuple(k.shape)} must share D, k and v "
+                      f"{tuple(v.shape)} must share T_k")
+        try:
+            batch = tuple(np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]))
+        except ValueError:
+            self.fail(f"batch axes of q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
+                      f"do not broadcast")
+        t_q, t_k = q.shape[-2], k.shape[-2]
+        kb = self.backend
+        mask3 = None
+        if mask is not None:
+            check_bool(self, mask, "mask")
+            full = batch + (t_q, t_k)
+            try:
+                fits = np.broadcast_shapes(mask.shape, full) == full
+            except ValueError:
+                fits = False
+            if not fits:
+                self.fail(f"mask of shape {tuple(mask.shape)} must broadcast to the weights' shape {full}")
+            # One mask for every batch entry stays (1, T_q, T_k); otherwise one per entry.
+            if all(n == 1 for n in mask.shape[:-2]):
+                mask = kb.reshape(mask, mask.shape[-2:])
+                mask3 = kb.reshape(kb.broadcast_to(mask, (t_q, t_k)), (1, t_q, t_k))
+            else:
+                mask3 = kb.reshape(kb.broadcast_to(mask, full), (-1, t_q, t_k))
+        q3, k3, v3 = (kb.reshape(kb.broadcast_to(x, batch + x.shape[-2:]), (-1,) + x.shape[-2:])
+                      for x in (q, k, v))                                    # (N, T, D)
+        o3, lse = kb.sdpa(q3, k3, v3, mask3, float(self.scale), bool(self.causal))
+        self.saved = (q3, k3, v3, o3, lse, mask3, (q.shape, k.shape, v.shape), batch)
+        return kb.reshape(o3, batch + (t_q, v.shape[-1]))
+
+    def backward(self, do):
+        q3, k3, v3, o3, lse, mask3, shapes, batch = self.saved
+        kb = self.backend
+        do3 = kb.reshape(do, o3.shape)
+        grads = kb.sdpa_back(q3, k3, v3, o3, lse, do3, mask3, float(self.scale), bool(self.causal))
+        out = [kb.sum_to(kb.reshape(g, batch + shape[-2:]), shape)
+               for g, shape in zip(grads, shapes, strict=True)]
+        return tuple(out) + ((None,) if mask3 is not None else ())
+
+    @classmethod
+    def examples(cls):
+        mask = np.array([[True, False, True], [False, False, False]])        # second query: no key
+        return [Example((uniform(820, 2, 2), uniform(821, 3, 2), uniform(822, 3, 1)),
+                        {"scale": 0.7, "causal": False}),
+                Example((uniform(823, 2, 2, 2), uniform(824, 3, 2), uniform(825, 2, 3, 2), mask),
+                        {"scale": 1.0, "causal": False}),
+                Example((uniform(826, 3, 1), uniform(827, 3, 1), uniform(828, 3, 2)),
+                        {"scale": 0.5, "causal": True})]
