@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import tinygrad_attn as ta
 from tinygrad_attn import Tensor
-from tinygrad_attn.ops import AdditiveScores, MaskedSoftmax
+from tinygrad_attn.ops import AdditiveScores, MaskedSoftmax, ScaledDotProduct
 
 
 def rand(seed, *shape):
@@ -279,7 +279,7 @@ def test_float_mask_is_refused():
         ta.attention.dot(t(2, 3), t(2, 4, 3), mask=np.zeros((2, 4)))
 
 
-# ---------------------------------------------------------------- the fused path (need_weights=False)
+# ---------------------------------------------------------------- the fused ScaledDotProduct op
 
 
 FUSED_CASES = [
@@ -292,10 +292,13 @@ FUSED_CASES = [
 
 
 def _fused(mask, causal):
+    """The fused op in the layout scaled_dot_product gives it: one query per row gets T_q = 1."""
     def context(q, k, v):
-        out, weights = ta.attention.scaled_dot_product(q, k, v, mask=mask, causal=causal, need_weights=False)
-        assert weights is None
-        return out
+        single = q.ndim == k.ndim - 1
+        masks = () if mask is None else (Tensor(mask[..., None, :] if single else mask),)
+        out = ScaledDotProduct.apply(q.unsqueeze(-2) if single else q, k, v, *masks,
+                                     scale=1 / np.sqrt(k.shape[-1]), causal=causal)
+        return out.squeeze(-2) if single else out
     return context
 
 
@@ -307,15 +310,18 @@ def test_fused_scaled_dot_product_matches_sympy_and_finite_differences(name, inp
 
 @given(st.integers(1, 3), st.integers(1, 5), st.integers(1, 5), st.booleans(), st.booleans(),
        st.integers(0, 2**32 - 1))
-def test_fused_scaled_dot_product_equals_the_weights_path(batch, t_q, t_k, causal, masked, seed):
+def test_fused_scaled_dot_product_equals_the_composite_path(batch, t_q, t_k, causal, masked, seed):
     rng = np.random.default_rng(seed)
     arrays = [rng.normal(size=(batch, t_q, 3)), rng.normal(size=(batch, t_k, 3)), rng.normal(size=(batch, t_k, 2))]
     mask = rng.random((batch, t_q, t_k)) < 0.7 if masked else None
     dout = rng.normal(size=(batch, t_q, 2))
     results = []
-    for need_weights in (False, True):
+    for fused in (True, False):
         leaves = [Tensor(a, requires_grad=True, dtype=np.float64) for a in arrays]
-        out, _ = ta.attention.scaled_dot_product(*leaves, mask=mask, causal=causal, need_weights=need_weights)
+        if fused:
+            out = _fused(mask, causal)(*leaves)
+        else:
+            out, _ = ta.attention.scaled_dot_product(*leaves, mask=mask, causal=causal)
         out.backward(dout)
         results.append([out.numpy()] + [x.grad.numpy() for x in leaves])
     for fused, plain in zip(*results, strict=True):
@@ -324,5 +330,5 @@ def test_fused_scaled_dot_product_equals_the_weights_path(batch, t_q, t_k, causa
 
 def test_fused_scaled_dot_product_is_one_node():
     q = Tensor(rand(102, 2, 4, 3), requires_grad=True)
-    out, _ = ta.attention.scaled_dot_product(q, q, q, causal=True, need_weights=False)
-    assert out.node.op_name == "ScaledDotProduct" and out.node.scope == "scaled_dot_product_attention"
+    out = _fused(None, True)(q, q, q)
+    assert out.node.op_name == "ScaledDotProduct" and out.node.inputs == (q, q, q)
