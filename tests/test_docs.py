@@ -31,9 +31,9 @@ def test_readme_shows_the_two_setup_commands():
 
 def test_import_is_light_and_flows_one_way():
     probe = ("import sys, tinygrad_attn\n"
-             "print('sympy' in sys.modules, 'tinygrad_attn.viz' in sys.modules)\n")
+             "print('sympy' in sys.modules, 'tinygrad_attn.viz' in sys.modules, 'numba' in sys.modules)\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "False"]
+    assert out.stdout.split() == ["False", "False", "False"]
 
 
 def test_compiler_never_imports_the_engine():
