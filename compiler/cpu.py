@@ -112,42 +112,39 @@ def _as_float64(x, value):
 
 
 @njit(cache=True, fastmath=FAST, parallel=True)
-def _softmax_rows(x, out):
+def _softmax_rows(x, mask, has_mask, out):
+    """Row softmax of x (R, N) into out, over the entries where mask (R, N) is True when
+    has_mask (else every entry; mask is then a dummy)."""
     for r in prange(x.shape[0]):
         row, y = x[r], out[r]
+        keep = mask[np.int64(r) if has_mask else np.int64(0)]   # a prange index is unsigned
         m = _like(row[0], -np.inf)
         for j in range(row.shape[0]):
-            m = max(m, row[j])
-        if not math.isfinite(m):
-            m = _like(row[0], 0.0)                   # an all -inf row: exp gives zeros below
-        total = 0.0
-        for j in range(row.shape[0]):
-            e = _exp(row[j] - m)
-            y[j] = e
-            total += e
-        scale = _like(row[0], 1.0 / total if total > 0 else 0.0)
-        for j in range(row.shape[0]):
-            y[j] *= scale
-
-
-@njit(cache=True, fastmath=FAST, parallel=True)
-def _masked_softmax_rows(x, mask, out):
-    for r in prange(x.shape[0]):
-        row, keep, y = x[r], mask[r], out[r]
-        m = _like(row[0], -np.inf)
-        for j in range(row.shape[0]):
-            if keep[j]:
+            if keep[j] or not has_mask:
                 m = max(m, row[j])
         if not math.isfinite(m):
-            m = _like(row[0], 0.0)
+            m = _like(row[0], 0.0)                   # nothing finite: exp gives zeros below
         total = 0.0
-        for j in range(row.shape[0]):
-            e = _exp(row[j] - m) if keep[j] else _like(row[0], 0.0)
-            y[j] = e
-            total += e
+        if has_mask:
+            for j in range(row.shape[0]):
+                e = _exp(row[j] - m) if keep[j] else _like(row[0], 0.0)
+                y[j] = e
+                total += e
+        else:
+            for j in range(row.shape[0]):
+                e = _exp(row[j] - m)
+                y[j] = e
+                total += e
         scale = _like(row[0], 1.0 / total if total > 0 else 0.0)
         for j in range(row.shape[0]):
             y[j] *= scale
+
+
+_NO_MASK_ROWS = np.ones((1, 1), dtype=np.bool_)
+
+
+def _plain_softmax_rows(x, out):
+    _softmax_rows(x, _NO_MASK_ROWS, False, out)
 
 
 @njit(cache=True, fastmath=FAST, parallel=True)
@@ -226,7 +223,7 @@ def masked_softmax(x, mask):
     if x.size == 0:
         return reference.masked_softmax(x, mask)
     out = np.empty(x.shape, dtype=x.dtype)
-    _masked_softmax_rows(_rows(x), _rows(np.broadcast_to(mask, x.shape)), out.reshape(-1, x.shape[-1]))
+    _softmax_rows(_rows(x), _rows(np.broadcast_to(mask, x.shape)), True, out.reshape(-1, x.shape[-1]))
     return out
 
 
@@ -302,11 +299,6 @@ def embedding_back(num_rows, ids, dy, padding_idx):
 # ---------------------------------------------------------------- scaled dot-product attention
 
 
-@njit(cache=True, fastmath=FAST)
-def _allowed(keep, has_mask, j):
-    return keep[j] or not has_mask
-
-
 @njit(cache=True, fastmath=FAST, parallel=True)
 def _sdpa_weights(s, mask, has_mask, causal, start, lse):
     """In place: scores s (N, b, T_k) of queries start..start+b -> their softmax weights;
@@ -320,7 +312,7 @@ def _sdpa_weights(s, mask, has_mask, causal, start, lse):
         stop = min(start + i + 1, t_k) if causal else t_k
         m = _like(row[0], -np.inf)
         for j in range(stop):
-            if _allowed(keep, has_mask, j):
+            if keep[j] or not has_mask:
                 m = max(m, row[j])
         for j in range(stop, t_k):
             row[j] = 0.0
@@ -431,7 +423,7 @@ def sdpa_back(q, k, v, o, lse, do, mask, scale, causal):
 
 
 KERNELS = {
-    "softmax": _row_kernel(_softmax_rows, reference.softmax),
+    "softmax": _row_kernel(_plain_softmax_rows, reference.softmax),
     "softmax_back": _row_back_kernel(_softmax_back_rows, reference.softmax_back),
     "log_softmax": _row_kernel(_log_softmax_rows, reference.log_softmax),
     "log_softmax_back": _row_back_kernel(_log_softmax_back_rows, reference.log_softmax_back),
