@@ -58,3 +58,9 @@ def test_allocator_tuning_can_be_turned_off():
                         env={k: v for k, v in os.environ.items() if k != "TINYGRAD_ATTN_KEEP_MEMORY"})
     expected = "True" if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc" else "False"
     assert on.stdout.strip() == expected
+
+
+def test_lazy_cpu_kernel_list_matches_compiler_cpu():
+    from tinygrad_attn.compiler import CPU_KERNELS, cpu
+
+    assert set(CPU_KERNELS) == set(cpu.KERNELS)

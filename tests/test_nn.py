@@ -197,3 +197,8 @@ def test_luong_attention_vector_is_tanh_of_projected_concatenation():
     assert list(layer.state_dict()) == ["W_c.weight"]
     with pytest.raises(ValueError, match=r"LuongAttentionVector: expected context \(\.\.\., 3\)"):
         layer(Tensor(h), Tensor(h))
+
+
+def test_calling_a_module_without_forward_says_so():
+    with pytest.raises(TypeError, match=r"Module is a container without forward\(\)"):
+        nn.Module()(Tensor(np.ones(2)))

@@ -38,6 +38,7 @@ import numpy as np
 from . import functional
 from .autograd import ShapeError, scope
 from .ops import AdditiveScores, MaskedSoftmax
+from .ops._common import broadcasts_to
 from .tensor import Tensor
 
 __all__ = [
@@ -151,11 +152,7 @@ class _Layout:
                             f"got {mask.dtype} of shape {mask.shape}")
         # What the caller sees: for one query per row the weights have no T_q axis.
         visible = self.weights_shape[:-2] + self.weights_shape[-1:] if self.single else self.weights_shape
-        try:
-            fits = np.broadcast_shapes(mask.shape, visible) == visible
-        except ValueError:
-            fits = False
-        if not fits:
+        if not broadcasts_to(mask.shape, visible):
             _fail(self.fname, f"mask of shape {mask.shape} does not broadcast to the weights' shape "
                               f"{visible} (True = may attend; with many queries a key padding "
                               f"mask (B, T_k) must be passed as mask[:, None, :])")
@@ -428,11 +425,7 @@ def _head_mask(fname, key_mask, mask, B, H, T, S, like, unbatched):
         combined = km[:, None, None, :]                                      # (B, 1, 1, S)
     if mask is not None:
         m = np.asarray(mask.numpy() if isinstance(mask, Tensor) else mask)
-        try:
-            fits = m.dtype == np.bool_ and np.broadcast_shapes(m.shape, (B, H, T, S)) == (B, H, T, S)
-        except ValueError:
-            fits = False
-        if not fits:
+        if m.dtype != np.bool_ or not broadcasts_to(m.shape, (B, H, T, S)):
             _fail(fname, f"mask must be boolean and broadcast to (B, H, T, S) = ({B}, {H}, {T}, {S}), "
                          f"got {m.dtype} of shape {m.shape}")
         combined = m if combined is None else np.logical_and(combined, m)
@@ -484,11 +477,7 @@ def graph(x: Tensor, adjacency, W: Tensor, a_src: Tensor, a_dst: Tensor, heads: 
         if add_self_loops:
             adj = adj | np.eye(N, dtype=bool)
         batch = x.shape[:-2]
-        try:
-            fits = np.broadcast_shapes(adj.shape[:-2], batch) == batch
-        except ValueError:
-            fits = False
-        if not fits:
+        if not broadcasts_to(adj.shape[:-2], batch):
             _fail(fname, f"batch axes of adjacency {adj.shape} do not broadcast to those of x {x.shape}")
         Wh = (x @ W.T).reshape(batch + (N, heads, F_out))                   # (..., N, H, F)
         Wh = Wh.transpose(-3, -2)                                            # (..., H, N, F)

@@ -75,11 +75,12 @@ class Module:
                     p.name = f"{name}.{path}"
         object.__setattr__(self, name, value)
 
-    def forward(self, *args, **kwargs):
-        raise NotImplementedError(f"{type(self).__name__} does not define forward()")
-
     def __call__(self, *args, **kwargs):
-        return self.forward(*args, **kwargs)
+        forward = getattr(self, "forward", None)
+        if forward is None:
+            raise TypeError(f"{type(self).__name__} is a container without forward(); call its "
+                            f"sub-modules, or define forward() to make it callable")
+        return forward(*args, **kwargs)
 
     # ------------------------------------------------------------ traversal
 

@@ -38,6 +38,14 @@ def broadcast_shape(op, *arrays) -> tuple[int, ...]:
         op.fail(f"shapes {shapes} do not broadcast")
 
 
+def broadcasts_to(shape, target) -> bool:
+    """Whether ``shape`` broadcasts to ``target`` without enlarging it (masks, expand)."""
+    try:
+        return tuple(np.broadcast_shapes(tuple(shape), tuple(target))) == tuple(target)
+    except ValueError:
+        return False
+
+
 def normalize_axes(op, axis, ndim: int) -> tuple[int, ...] | None:
     """``axis`` (None, int or sequence, negatives allowed) as a sorted tuple of
     non-negative axes, or None for all axes; out-of-range axes name the op."""

@@ -13,6 +13,7 @@ import numpy as np
 from ..autograd import Example, Op, register
 from ._common import (
     broadcast_shape,
+    broadcasts_to,
     check_bool,
     check_float,
     check_same_dtype,
@@ -158,11 +159,7 @@ class ScaledDotProduct(Op):
         if mask is not None:
             check_bool(self, mask, "mask")
             full = batch + (t_q, t_k)
-            try:
-                fits = np.broadcast_shapes(mask.shape, full) == full
-            except ValueError:
-                fits = False
-            if not fits:
+            if not broadcasts_to(mask.shape, full):
                 self.fail(f"mask of shape {tuple(mask.shape)} must broadcast to the weights' shape {full}")
             # One mask for every batch entry stays (1, T_q, T_k); otherwise one per entry.
             if all(n == 1 for n in mask.shape[:-2]):

@@ -8,7 +8,7 @@ import math
 import numpy as np
 
 from ..autograd import Example, Op, register
-from ._common import check_same_dtype, normalize_axis, uniform
+from ._common import broadcasts_to, check_same_dtype, normalize_axis, uniform
 
 
 @register
@@ -81,11 +81,7 @@ class Expand(Op):
 
     def forward(self, x):
         shape = tuple(int(n) for n in self.shape)
-        try:
-            ok = np.broadcast_shapes(x.shape, shape) == shape
-        except ValueError:
-            ok = False
-        if not ok:
+        if not broadcasts_to(x.shape, shape):
             self.fail(f"cannot expand shape {tuple(x.shape)} to {shape}")
         self.attrs["shape"] = shape
         self.saved = (x.shape,)
