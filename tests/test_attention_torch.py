@@ -177,10 +177,17 @@ def test_scaled_dot_product_matches_torch(data):
         tril = causal_allowed(T_q, T_k)
         allowed = tril if mask is None else np.broadcast_to(mask, full) & tril
 
+    # need_weights=False runs the fused ScaledDotProduct node instead of the composite graph.
+    need_weights = data.draw(st.booleans(), label="need_weights")
+
+    def reference(q, k, v):
+        context, weights = torch_sdpa(q, k, v, allowed, scale)
+        return context, (weights if need_weights else None)
+
     check_outputs(functional_run(
-        lambda q, k, v: ta.attention.scaled_dot_product(q, k, v, mask=mask, causal=causal, scale=scale),
-        lambda q, k, v: torch_sdpa(q, k, v, allowed, scale),
-        q=q, k=k, v=v))
+        lambda q, k, v: ta.attention.scaled_dot_product(q, k, v, mask=mask, causal=causal, scale=scale,
+                                                        need_weights=need_weights),
+        reference, q=q, k=k, v=v))
 
 
 @given(data=st.data())
@@ -195,13 +202,16 @@ def test_scaled_dot_product_one_query_per_row_matches_torch_with_one_query(data)
     k = data.draw(arrays(batch + (T_k, d_k)), label="k")
     v = data.draw(arrays(batch + (T_k, d_v)), label="v")
 
+    need_weights = data.draw(st.booleans(), label="need_weights")
+
     def reference(q, k, v):
         allowed = one_query_mask(mask)
         context, weights = torch_sdpa(q.unsqueeze(-2), k, v, allowed, scale)
-        return context.squeeze(-2), weights.squeeze(-2)
+        return context.squeeze(-2), (weights.squeeze(-2) if need_weights else None)
 
     check_outputs(functional_run(
-        lambda q, k, v: ta.attention.scaled_dot_product(q, k, v, mask=mask, scale=scale),
+        lambda q, k, v: ta.attention.scaled_dot_product(q, k, v, mask=mask, scale=scale,
+                                                        need_weights=need_weights),
         reference, q=q, k=k, v=v))
     # And ours against ours: the many-queries layout with T_q = 1, squeezed.
     single = ta.attention.scaled_dot_product(leaf(q), leaf(k), leaf(v), mask=mask, scale=scale)

@@ -37,7 +37,7 @@ import numpy as np
 
 from . import functional
 from .autograd import ShapeError, scope
-from .ops import AdditiveScores, MaskedSoftmax
+from .ops import AdditiveScores, MaskedSoftmax, ScaledDotProduct
 from .ops._common import broadcasts_to
 from .tensor import Tensor
 
@@ -307,10 +307,11 @@ def scaled_dot_product(q: Tensor, k: Tensor, v: Tensor, mask=None, causal: bool 
         dropout: probability of dropping each weight when computing the context (always
             applied when > 0, as in PyTorch's function; modules pass 0 in eval mode).  The
             returned weights are the distribution before dropout.
-        need_weights: return the weights (else None).  The weights are built either way:
-            ``ta.ops.ScaledDotProduct`` is the fused op that keeps only each row's
-            log-sum-exp; it is not used here yet because on the cpu device it is slower than
-            this path (its backward rebuilds the weights; see bench/RESULTS.md).
+        need_weights: return the weights (else None).  With ``need_weights=False`` and no
+            dropout the weights are never built: the call runs as one fused node,
+            ``ta.ops.ScaledDotProduct`` (flash-attention style: blocks, an online softmax,
+            only each row's log-sum-exp kept for backward), which is also the faster path.
+            Otherwise the graph is the textbook one: scores, ``MaskedSoftmax``, product.
 
     Returns:
         (context (..., [T_q,] d_v), weights (..., [T_q,] T_k) or None)
@@ -327,6 +328,10 @@ def scaled_dot_product(q: Tensor, k: Tensor, v: Tensor, mask=None, causal: bool 
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"attention.{fname}: dropout must be in [0, 1), got {dropout}")
         scale = 1.0 / math.sqrt(k.shape[-1]) if scale is None else float(scale)
+        if not need_weights and dropout == 0.0:
+            inputs = (call.query, k, v) if call.mask is None else (call.query, k, v, call.mask)
+            context = ScaledDotProduct.apply(*inputs, scale=scale, causal=bool(causal))  # (..., T_q, d_v)
+            return (context.squeeze(-2) if call.single else context), None
         if causal:
             call.add_mask(np.tril(np.ones(call.weights_shape[-2:], dtype=bool)))
         # Scaling q before the product touches T_q*d entries instead of T_q*T_k.
