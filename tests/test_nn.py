@@ -108,6 +108,7 @@ def test_linear_matches_torch():
     np.testing.assert_allclose(layer(ours).numpy(), ref(tx).detach().numpy(), rtol=1e-12)
     np.testing.assert_allclose(ours.grad.numpy(), tx.grad.numpy(), rtol=1e-12)
     np.testing.assert_allclose(layer.weight.grad.numpy(), ref.weight.grad.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(layer.bias.grad.numpy(), ref.bias.grad.numpy(), rtol=1e-12)
 
 
 def test_linear_initialisation_bounds_follow_pytorch():

@@ -255,8 +255,8 @@ def concat(query: Tensor, keys: Tensor, W: Tensor, v: Tensor, values: Tensor | N
         if W.shape[1] != d_q + d_k:
             _fail(fname, f"W {W.shape} must have d_q + d_k = {d_q} + {d_k} = {d_q + d_k} columns "
                          f"for query {query.shape} and keys {keys.shape}")
-        q_proj = call.query @ W[:, :d_q].T                                   # (..., T_q, d_a)
-        k_proj = keys @ W[:, d_q:].T                                         # (..., T_k, d_a)
+        q_proj = functional.linear(call.query, W[:, :d_q])                   # (..., T_q, d_a)
+        k_proj = functional.linear(keys, W[:, d_q:])                         # (..., T_k, d_a)
         scores = AdditiveScores.apply(q_proj, k_proj, v)                     # (..., T_q, T_k)
         return call.finish(scores)
 
@@ -284,8 +284,8 @@ def additive(query: Tensor, keys: Tensor, W_q: Tensor, W_k: Tensor, v: Tensor,
         W_k = _check_weight(fname, W_k, "W_k", (W_q.shape[0], None))
         v = _check_weight(fname, v, "v", (W_q.shape[0],))
         call = _Layout(fname, query, keys, values, mask, d_q=W_q.shape[1], d_k=W_k.shape[1])
-        q_proj = call.query @ W_q.T                                          # (..., T_q, d_a)
-        k_proj = keys @ W_k.T                                                # (..., T_k, d_a)
+        q_proj = functional.linear(call.query, W_q)                          # (..., T_q, d_a)
+        k_proj = functional.linear(keys, W_k)                                # (..., T_k, d_a)
         scores = AdditiveScores.apply(q_proj, k_proj, v)                     # (..., T_q, T_k)
         return call.finish(scores)
 
@@ -395,9 +395,7 @@ def multi_head(query: Tensor, key: Tensor, value: Tensor, num_heads: int, W_q: T
         full_mask = _head_mask(fname, key_mask, mask, B, num_heads, T, S, query, unbatched)
 
         def heads(x, W, b, length):
-            x = x @ W.T                                                      # (B, L, E)
-            if b is not None:
-                x = x + b
+            x = functional.linear(x, W, b)                                   # (B, L, E)
             return x.reshape(B, length, num_heads, D).transpose(1, 2)       # (B, H, L, D)
 
         q = heads(query, W_q, b_q, T)
@@ -406,9 +404,7 @@ def multi_head(query: Tensor, key: Tensor, value: Tensor, num_heads: int, W_q: T
         context, weights = scaled_dot_product(q, k, v, mask=full_mask, causal=causal,
                                               dropout=dropout, need_weights=need_weights)
         context = context.transpose(1, 2).reshape(B, T, E)                   # (B, T, H*D)
-        out = context @ W_o.T                                                # (B, T, E)
-        if b_o is not None:
-            out = out + b_o
+        out = functional.linear(context, W_o, b_o)                           # (B, T, E)
         if weights is not None and average_weights:
             weights = weights.mean(axis=1)                                   # (B, T, S)
         if unbatched:

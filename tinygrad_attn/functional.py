@@ -10,10 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 from . import random as _random
-from .ops import CrossEntropy, Dropout, Embedding, NLLLoss
+from .autograd import ShapeError
+from .ops import CrossEntropy, Dropout, Embedding, GRUGates, Linear, LSTMCellState, LSTMHidden, NLLLoss
 from .tensor import Tensor
 
-__all__ = ["cross_entropy", "nll_loss", "mse_loss", "dropout", "embedding"]
+__all__ = ["linear", "cross_entropy", "nll_loss", "mse_loss", "dropout", "embedding", "gru_cell", "lstm_cell"]
 
 
 def _ids(x, like: Tensor, what: str) -> Tensor:
@@ -23,6 +24,23 @@ def _ids(x, like: Tensor, what: str) -> Tensor:
     if array.dtype.kind not in "iu":
         raise TypeError(f"{what} must hold integers, got {array.dtype}")
     return Tensor(array, dtype=np.int64, device=like.device)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x W^T + b`` as one fused node (``ta.ops.Linear``), as ``torch.nn.functional.linear``.
+
+    Args:
+        x: (..., in).
+        weight: (out, in), PyTorch's layout.
+        bias: (out,) or None.
+
+    Returns:
+        (..., out)
+
+    Example:
+        >>> y = F.linear(x, W, b)          # x (B, T, 64), W (128, 64), b (128,) -> (B, T, 128)
+    """
+    return Linear.apply(x, weight) if bias is None else Linear.apply(x, weight, bias)
 
 
 def cross_entropy(logits: Tensor, target, ignore_index: int | None = None,
@@ -90,3 +108,110 @@ def embedding(ids, weight: Tensor, padding_idx: int | None = None) -> Tensor:
     """
     ids = _ids(ids, weight, "embedding: ids")
     return Embedding.apply(weight, ids, padding_idx=padding_idx)
+
+
+# ---------------------------------------------------------------- recurrent cells
+
+
+def _cell_shapes(what: str, gates: int, x: Tensor, states: tuple, w_ih: Tensor, w_hh: Tensor,
+                 b_ih: Tensor | None, b_hh: Tensor | None) -> None:
+    """Check a cell's arguments against PyTorch's layout, naming the function in errors."""
+    def shapes() -> str:
+        named = [("x", x), *states, ("w_ih", w_ih), ("w_hh", w_hh), ("b_ih", b_ih), ("b_hh", b_hh)]
+        return ", ".join(f"{name} {t.shape}" for name, t in named if t is not None)
+
+    if w_hh.ndim != 2 or w_ih.ndim != 2 or w_hh.shape[0] != gates * w_hh.shape[1]:
+        raise ShapeError(f"{what}: expected w_ih ({gates}H, I) and w_hh ({gates}H, H); got {shapes()}")
+    hidden = w_hh.shape[1]
+    if w_ih.shape[0] != gates * hidden:
+        raise ShapeError(f"{what}: w_ih must have {gates}H = {gates * hidden} rows for H = {hidden}; "
+                         f"got {shapes()}")
+    if x.ndim == 0 or x.shape[-1] != w_ih.shape[1]:
+        raise ShapeError(f"{what}: x must end in I = {w_ih.shape[1]} (w_ih's columns); got {shapes()}")
+    for name, b in (("b_ih", b_ih), ("b_hh", b_hh)):
+        if b is not None and b.shape != (gates * hidden,):
+            raise ShapeError(f"{what}: {name} must be ({gates * hidden},); got {shapes()}")
+    for _, state in states:
+        if state.shape != x.shape[:-1] + (hidden,):
+            raise ShapeError(f"{what}: states must be {x.shape[:-1] + (hidden,)} (x's batch axes, "
+                             f"then H); got {shapes()}")
+
+
+def _affine(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    return linear(x, w, b)                                           # (..., G*H)
+
+
+def gru_cell(x: Tensor, h: Tensor | None, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None = None,
+             b_hh: Tensor | None = None) -> Tensor:
+    """One GRU step, as ``torch.nn.GRUCell`` (and ``torch.gru_cell``): PyTorch's gate order
+    (r, z, n), weight layout and formulas, so a GRUCell's parameters plug straight in.
+
+        r = sigmoid(x W_ir^T + b_ir + h W_hr^T + b_hr)
+        z = sigmoid(x W_iz^T + b_iz + h W_hz^T + b_hz)
+        n = tanh(x W_in^T + b_in + r * (h W_hn^T + b_hn))
+        h' = (1 - z) * n + z * h
+
+    The two products are MatMul nodes (BLAS); the rest is one fused ``GRUGates`` node.
+
+    Args:
+        x: input (B, I), or (I,) for one unbatched sample (any leading axes work).
+        h: hidden state (B, H), or None for zeros.
+        w_ih: (3H, I), the rows of W_ir, W_iz, W_in stacked (GRUCell.weight_ih).
+        w_hh: (3H, H), likewise (GRUCell.weight_hh).
+        b_ih, b_hh: (3H,) biases, or None (GRUCell(bias=False)).
+
+    Returns:
+        The next hidden state h' (B, H).
+
+    Example:
+        >>> x, h = Tensor.randn(8, 16), Tensor.randn(8, 32)
+        >>> w_ih, w_hh = Tensor.randn(96, 16), Tensor.randn(96, 32)       # (3H, I), (3H, H)
+        >>> b_ih, b_hh = Tensor.randn(96), Tensor.randn(96)
+        >>> F.gru_cell(x, h, w_ih, w_hh, b_ih, b_hh).shape
+        (8, 32)
+    """
+    if h is None:
+        h = Tensor.zeros(*x.shape[:-1], w_hh.shape[-1], dtype=x.dtype, device=x.device)
+    _cell_shapes("gru_cell", 3, x, (("h", h),), w_ih, w_hh, b_ih, b_hh)
+    gi = _affine(x, w_ih, b_ih)                                      # (..., 3H)
+    gh = _affine(h, w_hh, b_hh)                                      # (..., 3H)
+    return GRUGates.apply(gi, gh, h)
+
+
+def lstm_cell(x: Tensor, hx: tuple[Tensor, Tensor] | None, w_ih: Tensor, w_hh: Tensor,
+              b_ih: Tensor | None = None, b_hh: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """One LSTM step, as ``torch.nn.LSTMCell`` (and ``torch.lstm_cell``): PyTorch's gate order
+    (i, f, g, o), weight layout and formulas, so an LSTMCell's parameters plug straight in.
+
+        [i, f, g, o] = x W_ih^T + b_ih + h W_hh^T + b_hh
+        c' = sigmoid(f) * c + sigmoid(i) * tanh(g)
+        h' = sigmoid(o) * tanh(c')
+
+    The two products are MatMul nodes (BLAS); c' and h' are one fused node each
+    (``LSTMCellState``, ``LSTMHidden``).
+
+    Args:
+        x: input (B, I), or (I,) for one unbatched sample (any leading axes work).
+        hx: the states (h, c), each (B, H), or None for zeros.
+        w_ih: (4H, I), the rows of W_ii, W_if, W_ig, W_io stacked (LSTMCell.weight_ih).
+        w_hh: (4H, H), likewise (LSTMCell.weight_hh).
+        b_ih, b_hh: (4H,) biases, or None (LSTMCell(bias=False)).
+
+    Returns:
+        (h', c'), each (B, H).
+
+    Example:
+        >>> x, h, c = Tensor.randn(8, 16), Tensor.randn(8, 32), Tensor.randn(8, 32)
+        >>> w_ih, w_hh = Tensor.randn(128, 16), Tensor.randn(128, 32)
+        >>> h, c = F.lstm_cell(x, (h, c), w_ih, w_hh)
+        >>> h.shape, c.shape
+        ((8, 32), (8, 32))
+    """
+    if hx is None:
+        zeros = Tensor.zeros(*x.shape[:-1], w_hh.shape[-1], dtype=x.dtype, device=x.device)
+        hx = (zeros, zeros)
+    h, c = hx
+    _cell_shapes("lstm_cell", 4, x, (("h", h), ("c", c)), w_ih, w_hh, b_ih, b_hh)
+    gates = _affine(x, w_ih, b_ih) + _affine(h, w_hh, b_hh)          # (..., 4H)
+    c_next = LSTMCellState.apply(gates, c)                           # (..., H)
+    return LSTMHidden.apply(gates, c_next), c_next

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .. import functional as F
 from ..autograd import ShapeError
 from ..tensor import Tensor
 from . import init
@@ -34,8 +35,7 @@ class Linear(Module):
         if x.ndim == 0 or x.shape[-1] != self.in_features:
             raise ShapeError(f"Linear({self.extra_repr()}): input of shape {x.shape} must end in "
                              f"in_features={self.in_features}")
-        y = x @ self.weight.T                                                # (..., out)
-        return y + self.bias if self.bias is not None else y
+        return F.linear(x, self.weight, self.bias)                           # (..., out)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, " \

@@ -9,7 +9,7 @@ Write your own the same way; it gets ``ta.check`` verification and graph records
 """
 
 from ..autograd import Example, Op, register, registry
-from . import attention, elementwise, linalg, movement, nn, reduce
+from . import attention, elementwise, linalg, movement, nn, reduce, rnn
 from .attention import AdditiveScores, MaskedSoftmax, ScaledDotProduct
 from .elementwise import (
     Add,
@@ -28,17 +28,18 @@ from .elementwise import (
     Tanh,
     Where,
 )
-from .linalg import MatMul
+from .linalg import Linear, MatMul
 from .movement import Cat, Expand, GetItem, Permute, Reshape, Stack
 from .nn import CrossEntropy, Dropout, Embedding, LogSoftmax, NLLLoss, Softmax
 from .reduce import Max, Mean, Sum
+from .rnn import GRUGates, LSTMCellState, LSTMHidden
 
 __all__ = [
     "Op", "Example", "register", "registry",
-    "attention", "elementwise", "linalg", "movement", "nn", "reduce",
+    "attention", "elementwise", "linalg", "movement", "nn", "reduce", "rnn",
     "Add", "Sub", "Mul", "Div", "Neg", "Pow", "Exp", "Log", "Tanh", "Sigmoid", "Relu",
-    "LeakyRelu", "Where", "MaskedFill", "Cast", "MatMul", "Reshape", "Permute", "Expand",
+    "LeakyRelu", "Where", "MaskedFill", "Cast", "Linear", "MatMul", "Reshape", "Permute", "Expand",
     "GetItem", "Cat", "Stack", "Sum", "Mean", "Max", "Softmax", "LogSoftmax", "CrossEntropy",
     "NLLLoss", "Embedding", "Dropout", "MaskedSoftmax", "AdditiveScores",
-    "ScaledDotProduct",
+    "ScaledDotProduct", "GRUGates", "LSTMCellState", "LSTMHidden",
 ]

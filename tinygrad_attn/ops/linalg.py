@@ -78,3 +78,53 @@ class MatMul(Op):
             Example((uniform(404, 3), uniform(405, 2, 3, 2))),         # 1-D @ batched
             Example((uniform(406, 2, 3), uniform(407, 3))),            # matrix @ vector
         ]
+
+
+@register
+class Linear(Op):
+    """y = x W^T + b: x (..., in), W (out, in) as a PyTorch Linear weight, b (out,) or absent.
+
+    One node instead of a transpose, a product and an add: BLAS reads W^T in place (no
+    transposed copy of the weight per call), every leading axis of x is one GEMM's rows, and
+    backward is three products: dx = dy W, dW = dy^T x, db = the rows of dy summed.
+    """
+
+    @staticmethod
+    def symbolic(sp, x, weight, bias=None):
+        y = np.matmul(np.asarray(x, dtype=object), np.asarray(weight, dtype=object).T)
+        return y if bias is None else y + np.asarray(bias, dtype=object)
+
+    def forward(self, x, weight, bias=None):
+        check_same_dtype(self, x, weight, *(() if bias is None else (bias,)))
+        check_float(self, x)
+        if x.ndim == 0 or weight.ndim != 2 or x.shape[-1] != weight.shape[1]:
+            self.fail(f"expected x (..., in) and weight (out, in) with the same in, got x "
+                      f"{tuple(x.shape)} and weight {tuple(weight.shape)}")
+        if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+            self.fail(f"bias must be (out,) = ({weight.shape[0]},), got {tuple(bias.shape)}")
+        k = self.backend
+        x2 = k.reshape(x, (-1, x.shape[-1]))                           # (N, in)
+        y2 = k.matmul_nt(x2, weight)                                   # (N, out)
+        if bias is not None:
+            y2 = k.add(y2, bias)
+        self.saved = (x2, weight, x.shape)
+        return k.reshape(y2, x.shape[:-1] + (weight.shape[0],))
+
+    def backward(self, dy):
+        x2, weight, x_shape = self.saved
+        k = self.backend
+        dy2 = k.reshape(dy, (-1, weight.shape[0]))                     # (N, out)
+        dx = k.reshape(k.matmul(dy2, weight), x_shape) if self.needs_grad[0] else None
+        dw = k.matmul_tn(dy2, x2) if self.needs_grad[1] else None      # (out, in)
+        grads = (dx, dw)
+        if len(self.needs_grad) == 3:
+            grads += (k.sum(dy2, 0, False) if self.needs_grad[2] else None,)
+        return grads
+
+    @classmethod
+    def examples(cls):
+        return [
+            Example((uniform(410, 2, 3), uniform(411, 4, 3), uniform(412, 4))),
+            Example((uniform(413, 2, 2, 3), uniform(414, 2, 3))),           # no bias, batched
+            Example((uniform(415, 3), uniform(416, 2, 3), uniform(417, 2))),   # one sample
+        ]

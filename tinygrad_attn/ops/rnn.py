@@ -1,0 +1,183 @@
+"""Fused recurrent-cell ops: the elementwise part of a GRU or LSTM cell, after its two
+matrix products (which stay MatMul, on BLAS).
+
+Gate orders and formulas are PyTorch's, so ``nn.GRUCell`` / ``nn.LSTMCell`` built on these
+ops load a PyTorch state_dict as it is: GRU gates (r, z, n) with the reset gate applied to
+the hidden product *after* its bias, LSTM gates (i, f, g, o).
+
+An op has one output, so an LSTM cell is two ops: ``LSTMCellState`` makes c from the
+(i, f, g) blocks of the gates and ``LSTMHidden`` makes h from the o block and that c.  Each
+backward returns a full (B, 4H) gate gradient, zero outside its own blocks, and autograd
+adds the two.
+
+Every op takes inputs with any leading (batch) axes, identical across its inputs, and runs
+its kernels on them as rows (B, width).  Forward saves the gate activations, so backward
+evaluates no exp or tanh (see compiler/numpy_backend.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..autograd import Example, Op, register
+from ._common import check_float, check_same_dtype, elementwise, uniform
+
+
+def _sigmoid(sp, x):
+    return elementwise(lambda e: 1 / (1 + sp.exp(-e)), x)
+
+
+def _tanh(sp, x):
+    return elementwise(sp.tanh, x)
+
+
+def _blocks(x, hidden: int, count: int) -> list:
+    """The ``count`` blocks of width ``hidden`` along the last axis of an object array."""
+    x = np.asarray(x, dtype=object)
+    return [x[..., k * hidden : (k + 1) * hidden] for k in range(count)]
+
+
+def _check_cell(op, *spec) -> None:
+    """``spec``: (name, array, blocks) with the state (blocks 1) last.  Same float dtype,
+    the same leading axes, and last axes of ``blocks`` times H, H being the state's."""
+    arrays = [a for _, a, _ in spec]
+    check_same_dtype(op, *arrays)
+    check_float(op, arrays[0], spec[0][0])
+
+    def shapes() -> str:             # built only for a message: this runs on every step
+        return ", ".join(f"{name} {tuple(a.shape)}" for name, a, _ in spec)
+
+    if any(a.ndim == 0 for a in arrays):
+        layout = ", ".join(f"{name} (..., {'' if k == 1 else k}H)" for name, _, k in spec)
+        op.fail(f"expected {layout}; got {shapes()}")
+    state_name, state, _ = spec[-1]
+    hidden = state.shape[-1]
+    for name, a, blocks in spec[:-1]:
+        if a.shape[-1] != blocks * hidden:
+            op.fail(f"{name} must end in {blocks}H = {blocks * hidden} for H = {hidden} (the last "
+                    f"axis of {state_name}); got {shapes()}")
+    if any(a.shape[:-1] != state.shape[:-1] for a in arrays):
+        op.fail(f"batch axes differ: {shapes()}")
+
+
+def _rows(kb, x):
+    if x.ndim == 2:
+        return x                     # the usual case: skip the reshape call (~1 us, per input)
+    # math.prod, not -1: a reshape to (-1, 0) is ambiguous when H = 0.
+    return kb.reshape(x, (math.prod(x.shape[:-1]), x.shape[-1]))      # (B, width)
+
+
+def _unrows(kb, x, shape):
+    return x if x.shape == shape else kb.reshape(x, shape)            # (..., width)
+
+
+@register
+class GRUGates(Op):
+    """h = (1 - z) n + z h_prev, r = sigmoid(gi_r + gh_r), z = sigmoid(gi_z + gh_z), n = tanh(gi_n + r gh_n).
+
+    gi = x W_ih^T + b_ih and gh = h_prev W_hh^T + b_hh are (..., 3H) in PyTorch's gate order
+    (r, z, n); h_prev and h are (..., H).
+    """
+
+    @staticmethod
+    def symbolic(sp, gi, gh, h_prev):
+        h_prev = np.asarray(h_prev, dtype=object)
+        hidden = h_prev.shape[-1]
+        gi_r, gi_z, gi_n = _blocks(gi, hidden, 3)
+        gh_r, gh_z, gh_n = _blocks(gh, hidden, 3)
+        r = _sigmoid(sp, gi_r + gh_r)
+        z = _sigmoid(sp, gi_z + gh_z)
+        n = _tanh(sp, gi_n + r * gh_n)
+        return (1 - z) * n + z * h_prev
+
+    def forward(self, gi, gh, h_prev):
+        _check_cell(self, ("gi", gi, 3), ("gh", gh, 3), ("h_prev", h_prev, 1))
+        kb = self.backend
+        gh2, h_prev2 = _rows(kb, gh), _rows(kb, h_prev)                 # (B, 3H), (B, H)
+        h, gates = kb.gru_gates(_rows(kb, gi), gh2, h_prev2)            # (B, H), (B, 3H)
+        self.saved = (gates, gh2, h_prev2, gi.shape, h_prev.shape)
+        return _unrows(kb, h, h_prev.shape)
+
+    def backward(self, dh):
+        gates, gh2, h_prev2, gates_shape, state_shape = self.saved
+        kb = self.backend
+        dgi, dgh, dh_prev = kb.gru_gates_back(gates, gh2, h_prev2, _rows(kb, dh))
+        return (_unrows(kb, dgi, gates_shape), _unrows(kb, dgh, gates_shape),
+                _unrows(kb, dh_prev, state_shape))
+
+    @classmethod
+    def examples(cls):
+        return [Example((uniform(900, 2, 6), uniform(901, 2, 6), uniform(902, 2, 2))),
+                Example((uniform(903, 3), uniform(904, 3), uniform(905, 1))),            # unbatched
+                Example((uniform(906, 2, 1, 3), uniform(907, 2, 1, 3), uniform(908, 2, 1, 1)))]
+
+
+@register
+class LSTMCellState(Op):
+    """c = sigmoid(f) c_prev + sigmoid(i) tanh(g), gates (..., 4H) in PyTorch's order (i, f, g, o).
+
+    gates = x W_ih^T + b_ih + h W_hh^T + b_hh; c_prev and c are (..., H).  The o block is not
+    used (``LSTMHidden`` reads it), so its gradient is zero.
+    """
+
+    @staticmethod
+    def symbolic(sp, gates, c_prev):
+        c_prev = np.asarray(c_prev, dtype=object)
+        gates_i, gates_f, gates_g, _ = _blocks(gates, c_prev.shape[-1], 4)
+        return _sigmoid(sp, gates_f) * c_prev + _sigmoid(sp, gates_i) * _tanh(sp, gates_g)
+
+    def forward(self, gates, c_prev):
+        _check_cell(self, ("gates", gates, 4), ("c_prev", c_prev, 1))
+        kb = self.backend
+        c_prev2 = _rows(kb, c_prev)                                     # (B, H)
+        c, act = kb.lstm_cell_state(_rows(kb, gates), c_prev2)          # (B, H), (B, 3H)
+        self.saved = (act, c_prev2, gates.shape, c_prev.shape)
+        return _unrows(kb, c, c_prev.shape)
+
+    def backward(self, dc):
+        act, c_prev2, gates_shape, state_shape = self.saved
+        kb = self.backend
+        dgates, dc_prev = kb.lstm_cell_state_back(act, c_prev2, _rows(kb, dc))   # (B, 4H), (B, H)
+        return _unrows(kb, dgates, gates_shape), _unrows(kb, dc_prev, state_shape)
+
+    @classmethod
+    def examples(cls):
+        return [Example((uniform(910, 2, 8), uniform(911, 2, 2))),
+                Example((uniform(912, 4), uniform(913, 1))),                             # unbatched
+                Example((uniform(914, 2, 1, 4), uniform(915, 2, 1, 1)))]
+
+
+@register
+class LSTMHidden(Op):
+    """h = sigmoid(o) tanh(c), o the last block of gates (..., 4H) in PyTorch's order (i, f, g, o).
+
+    c is this step's cell state (..., H), the output of ``LSTMCellState``; the (i, f, g)
+    blocks are not used, so their gradient is zero.
+    """
+
+    @staticmethod
+    def symbolic(sp, gates, c):
+        c = np.asarray(c, dtype=object)
+        *_, gates_o = _blocks(gates, c.shape[-1], 4)
+        return _sigmoid(sp, gates_o) * _tanh(sp, c)
+
+    def forward(self, gates, c):
+        _check_cell(self, ("gates", gates, 4), ("c", c, 1))
+        kb = self.backend
+        h, act = kb.lstm_hidden(_rows(kb, gates), _rows(kb, c))         # (B, H), (B, 2H)
+        self.saved = (act, gates.shape, c.shape)
+        return _unrows(kb, h, c.shape)
+
+    def backward(self, dh):
+        act, gates_shape, state_shape = self.saved
+        kb = self.backend
+        dgates, dc = kb.lstm_hidden_back(act, _rows(kb, dh))            # (B, 4H), (B, H)
+        return _unrows(kb, dgates, gates_shape), _unrows(kb, dc, state_shape)
+
+    @classmethod
+    def examples(cls):
+        return [Example((uniform(920, 2, 8), uniform(921, 2, 2))),
+                Example((uniform(922, 4), uniform(923, 1))),                             # unbatched
+                Example((uniform(924, 2, 1, 4), uniform(925, 2, 1, 1)))]
