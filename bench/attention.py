@@ -9,12 +9,22 @@ compared as ratios (absolute times on shared machines drift by 25-40% between ru
         torch.nn.MultiheadAttention(256, 8, batch_first=True) (need_weights False and True),
         with the same weights (torch's state_dict loaded into ours) and the same cotangent.
     scaled dot-product     ta.attention.scaled_dot_product vs F.scaled_dot_product_attention,
-        (B, H, T, d) = (1,1,128,64), (8,8,128,64), (8,8,512,64), float32; "fwd" runs without
-        autograd (no_grad on both sides), "fwd+bwd" records the graph and backpropagates.
+        (B, H, T, d) = (1,1,128,64), (8,8,128,64), (8,8,512,64), (4,8,1024,64), float32; "fwd"
+        runs without autograd (no_grad on both sides), "fwd+bwd" records the graph and
+        backpropagates.  Ours runs twice: need_weights=False (the fused ScaledDotProduct node)
+        and need_weights=True (scores, MaskedSoftmax, product: the weights kept).  "numpy" is
+        the naive algorithm in plain numpy: the whole score matrix, softmax, product, and the
+        hand-written backward.
 
 Before timing, ours and torch are checked to agree (outputs to 1e-4, gradients to 1e-4
 relative to their largest entry), so both sides time the same computation.  Thread
 settings are left as they are and printed.  Without PyTorch, ours is timed alone.
+
+``--isolated`` times SDPA forward+backward of ours and of torch each in processes of their own
+(three fresh processes each, alternating), as someone using only one of them would run it:
+in one process the two frameworks' thread pools get in each other's way (PyTorch's OpenMP
+threads keep spinning after each of its ops, and the engine then falls back from OpenMP to
+Numba's "workqueue" threads; see compiler/numba_support.py).
 
 ``--profile`` instead breaks one MHA forward+backward of ours down by op and by kernel
 (ranked), then prints a cProfile summary: where the engine spends its time.
@@ -51,12 +61,14 @@ from tinygrad_attn.compiler import available_devices, get_backend
 from tinygrad_attn.nn import Parameter
 
 try:
+    if os.environ.get("TA_BENCH_WITHOUT_TORCH"):      # --isolated: ours in a process of its own
+        raise ImportError
     import torch
 except ImportError:  # time ours alone
     torch = None
 
 B, T, E, H = 8, 256, 256, 8
-SDPA_SHAPES = [(1, 1, 128, 64), (8, 8, 128, 64), (8, 8, 512, 64)]
+SDPA_SHAPES = [(1, 1, 128, 64), (8, 8, 128, 64), (8, 8, 512, 64), (4, 8, 1024, 64)]
 TOL = 1e-4
 
 
@@ -178,7 +190,7 @@ def check(what: str, ours: np.ndarray, ref: np.ndarray, relative: bool = False) 
     err = rel_err(ours, ref) if relative else float(np.abs(ours - ref).max())
     ok = err <= TOL
     kind = "max rel err" if relative else "max abs err"
-    print(f"  {'ok  ' if ok else 'FAIL'} {what:<42}{kind} {err:.2e}")
+    print(f"  {'ok  ' if ok else 'FAIL'} {what:<52}{kind} {err:.2e}")
     return ok
 
 
@@ -335,7 +347,7 @@ def sdpa_arrays(shape):
     return q, k, v, g
 
 
-def ours_sdpa(arrays, backward: bool):
+def ours_sdpa(arrays, backward: bool, need_weights: bool = False):
     q, k, v, g = arrays
     ts = [ta.Tensor(a, requires_grad=backward) for a in (q, k, v)]
     gt = ta.Tensor(g)
@@ -343,13 +355,36 @@ def ours_sdpa(arrays, backward: bool):
         def step():
             for t in ts:
                 t.grad = None
-            out, _ = ta.attention.scaled_dot_product(*ts, need_weights=False)
+            out, _ = ta.attention.scaled_dot_product(*ts, need_weights=need_weights)
             out.backward(gt)
     else:
         def step():
             with ta.no_grad():
-                ta.attention.scaled_dot_product(*ts, need_weights=False)
+                ta.attention.scaled_dot_product(*ts, need_weights=need_weights)
     return step, ts
+
+
+def numpy_sdpa(arrays, backward: bool):
+    """The naive algorithm: full (B, H, T, T) scores and weights, backward by hand."""
+    q, k, v, g = arrays
+    scale = np.float32(1.0 / np.sqrt(q.shape[-1]))
+
+    def forward():
+        s = (q * scale) @ np.swapaxes(k, -1, -2)                             # (B, H, T, T)
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)
+        return p, p @ v                                                     # (B, H, T, d)
+
+    def forward_backward():
+        p, _ = forward()
+        dv = np.swapaxes(p, -1, -2) @ g
+        dp = g @ np.swapaxes(v, -1, -2)                                     # (B, H, T, T)
+        ds = p * (dp - np.sum(dp * p, axis=-1, keepdims=True))
+        dq = ds @ k * scale
+        dk = np.swapaxes(ds, -1, -2) @ q * scale
+        return dq, dk, dv
+
+    return forward_backward if backward else forward
 
 
 def torch_sdpa(arrays, backward: bool):
@@ -370,49 +405,65 @@ def torch_sdpa(arrays, backward: bool):
 
 
 def verify_sdpa(shape, arrays) -> bool:
-    step_o, ours = ours_sdpa(arrays, True)
-    step_t, theirs = torch_sdpa(arrays, True)
-    out_o = ta.attention.scaled_dot_product(*ours, need_weights=False)[0].numpy()
-    with torch.no_grad():
-        out_t = torch.nn.functional.scaled_dot_product_attention(*theirs).numpy()
-    step_o()
-    step_t()
-    ok = check(f"sdpa output {shape}", out_o, out_t)
-    for name, a, b in zip("qkv", ours, theirs, strict=True):
-        ok &= check(f"sdpa d{name} {shape}", a.grad.numpy(), b.grad.numpy(), relative=True)
+    """Ours (both paths) against torch, and the naive numpy gradients against ours."""
+    ok = True
+    grads = None
+    for need_weights in (False, True):
+        step_o, ours = ours_sdpa(arrays, True, need_weights)
+        out_o = ta.attention.scaled_dot_product(*ours, need_weights=need_weights)[0].numpy()
+        step_o()
+        grads = [t.grad.numpy() for t in ours]
+        if torch is not None:
+            step_t, theirs = torch_sdpa(arrays, True)
+            with torch.no_grad():
+                out_t = torch.nn.functional.scaled_dot_product_attention(*theirs).numpy()
+            step_t()
+            ok &= check(f"sdpa output {shape} need_weights={need_weights}", out_o, out_t)
+            for name, a, b in zip("qkv", ours, theirs, strict=True):
+                ok &= check(f"sdpa d{name} {shape} need_weights={need_weights}", a.grad.numpy(),
+                            b.grad.numpy(), relative=True)
+    for name, naive, mine in zip("qkv", numpy_sdpa(arrays, True)(), grads, strict=True):
+        ok &= check(f"naive numpy d{name} {shape}", naive, mine, relative=True)
     return ok
+
+
+SDPA_CONTENDERS = ("ours", "ours, weights kept", "naive numpy", "torch")
 
 
 def bench_sdpa(shapes, repeats: int, budget_s: float) -> None:
     print("\n== scaled dot-product attention, float32 (fwd: no autograd; fwd+bwd: backward of a "
           "fixed cotangent) ==")
+    print("ours = need_weights=False (the fused node); weights kept = need_weights=True")
     rows = []
     for shape in shapes:
         arrays = sdpa_arrays(shape)
-        if torch is not None:
-            print(f"verify {shape}:")
-            if not verify_sdpa(shape, arrays):
-                sys.exit("ours and torch disagree: not timing different computations")
+        print(f"verify {shape}:")
+        if not verify_sdpa(shape, arrays):
+            sys.exit("the contenders disagree: not timing different computations")
         contenders = {}
         for backward, label in ((False, "fwd"), (True, "fwd+bwd")):
             contenders[("ours", label)] = ours_sdpa(arrays, backward)[0]
+            contenders[("ours, weights kept", label)] = ours_sdpa(arrays, backward, need_weights=True)[0]
+            contenders[("naive numpy", label)] = numpy_sdpa(arrays, backward)
             if torch is not None:
                 contenders[("torch", label)] = torch_sdpa(arrays, backward)[0]
         times = run_alternating(contenders, repeats, budget_s)
         for label in ("fwd", "fwd+bwd"):
-            ours = statistics.median(times[("ours", label)])
-            theirs = statistics.median(times[("torch", label)]) if torch is not None else None
+            medians = {name: statistics.median(times[(name, label)]) for name in SDPA_CONTENDERS
+                       if (name, label) in times}
             noisy = any(max(v) > 1.5 * min(v) for key, v in times.items() if key[1] == label)
-            rows.append((shape, label, ours, theirs, noisy))
+            rows.append((shape, label, medians, noisy))
     if torch is None:
-        print("note: PyTorch is not installed (`pip install torch==2.13.0`); timing ours only")
+        print("note: PyTorch is not installed (`pip install torch==2.13.0`); no torch column")
     print(f"{repeats} repeats, medians of ms per call")
-    header = f"{'(B, H, T, d)':<18}{'pass':<9}{'ours ms':>10}"
-    print(header + (f"{'torch ms':>10}{'ours/torch':>12}" if torch is not None else ""))
-    for shape, label, ours, theirs, noisy in rows:
-        line = f"{str(shape):<18}{label:<9}{ours:>10.2f}"
-        if theirs is not None:
-            line += f"{theirs:>10.2f}{ours / theirs:>11.2f}x"
+    names = [n for n in SDPA_CONTENDERS if n in rows[0][2]]
+    header = f"{'(B, H, T, d)':<18}{'pass':<9}" + "".join(f"{n:>20}" for n in names)
+    print(header + f"{'numpy/ours':>12}" + (f"{'ours/torch':>12}" if torch is not None else ""))
+    for shape, label, medians, noisy in rows:
+        line = f"{str(shape):<18}{label:<9}" + "".join(f"{medians[n]:>20.2f}" for n in names)
+        line += f"{medians['naive numpy'] / medians['ours']:>11.2f}x"
+        if torch is not None:
+            line += f"{medians['ours'] / medians['torch']:>11.2f}x"
         print(line + ("  *" if noisy else ""))
     if any(row[-1] for row in rows):
         print(NOISY)
@@ -563,6 +614,34 @@ def profile_mha(steps: int) -> None:
 # ---------------------------------------------------------------- main
 
 
+def one_contender(name: str, shape, repeats: int, budget_s: float) -> None:
+    """(In a subprocess of --isolated.)  Print the median ms of one SDPA forward+backward."""
+    arrays = sdpa_arrays(shape)
+    step = ours_sdpa(arrays, True)[0] if name == "ours" else torch_sdpa(arrays, True)[0]
+    print(statistics.median(run_alternating({name: step}, repeats, budget_s)[name]))
+
+
+def bench_isolated(shapes, repeats: int, budget_s: float) -> None:
+    import subprocess
+
+    print("\n== scaled dot-product attention forward+backward, float32, each contender in fresh "
+          "processes (3 each, alternating) ==")
+    print(f"{'(B, H, T, d)':<18}{'ours ms':>10}{'torch ms':>10}{'ours/torch':>12}")
+    for shape in shapes:
+        medians = {"ours": [], "torch": []}
+        for _ in range(3):
+            for name in medians:
+                env = dict(os.environ)
+                if name == "ours":
+                    env["TA_BENCH_WITHOUT_TORCH"] = "1"
+                done = subprocess.run([sys.executable, __file__, "--one", name, "--shape",
+                                       ",".join(map(str, shape)), "--repeats", str(repeats)],
+                                      env=env, capture_output=True, text=True, check=True)
+                medians[name].append(float(done.stdout.split()[-1]))
+        ours, theirs = statistics.median(medians["ours"]), statistics.median(medians["torch"])
+        print(f"{str(shape):<18}{ours:>10.2f}{theirs:>10.2f}{ours / theirs:>11.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
@@ -572,15 +651,26 @@ def main() -> None:
                         help="break ours' MHA forward+backward down by op and kernel instead of timing")
     parser.add_argument("--threads", type=int, default=None,
                         help="pin BLAS/OpenMP/torch to this many threads (default: leave as found)")
+    parser.add_argument("--isolated", action="store_true",
+                        help="SDPA forward+backward, ours and torch each in processes of their own")
+    parser.add_argument("--one", choices=["ours", "torch"], help=argparse.SUPPRESS)
+    parser.add_argument("--shape", help=argparse.SUPPRESS)
     args = parser.parse_args()
     repeats = args.repeats or (3 if args.quick else 7)
     budget_s = 0.08 if args.quick else 0.3
     if args.threads:
         set_threads(args.threads)
 
+    if args.one:
+        one_contender(args.one, tuple(int(n) for n in args.shape.split(",")), repeats, budget_s)
+        return
     print_machine(args.threads)
     since = _cpu_seconds()
-    if args.profile:
+    if args.isolated:
+        if torch is None:
+            sys.exit("--isolated compares with PyTorch, which is not installed")
+        bench_isolated(SDPA_SHAPES[:1] if args.quick else SDPA_SHAPES, repeats, budget_s)
+    elif args.profile:
         profile_mha(steps=5 if args.quick else 20)
     else:
         bench_mha(repeats, budget_s)

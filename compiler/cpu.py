@@ -1,19 +1,19 @@
-"""Numba kernels for the "cpu" device: row-wise softmax work fused into one pass each.
+"""Numba kernels for the "cpu" device: softmax-shaped work fused into one pass per row, and
+the fused attention kernels (additive scores, scaled dot-product).
 
 These override the numpy reference kernels of the same names (``KERNELS`` below); every
 other kernel of the device stays the reference one.  Matrix products stay on numpy's BLAS:
 a hand-written Numba GEMM reaches ~60 GFLOP/s here against BLAS's ~190, so the fused
 attention kernels call BLAS for their products and Numba for everything between them.
 
-Why these and not the elementwise maps: numpy already runs a single map at SIMD speed,
-while softmax-shaped work (max, exp, sum, divide; its backward; cross-entropy) costs numpy
-four to seven passes over memory and a temporary per pass.  A Numba row kernel does it in
-two passes without temporaries, rows in parallel.
+Softmax-shaped work (max, exp, sum, divide; its backward; cross-entropy) costs numpy four
+to seven passes over memory and a temporary per pass; a Numba row kernel does it in two
+passes without temporaries, rows in parallel.  Of the elementwise maps only those numpy
+runs as several passes are compiled (sigmoid, 14x faster; the ``*_back`` products, 1.2-1.5x):
+numpy's own tanh, exp and arithmetic already run at SIMD speed.
 
-exp dominates all of these, and this llvmlite has no SVML, so ``math.exp`` is a scalar
-libm call (~2.4 ns).  ``_exp32`` is exp for float32 by range reduction and a degree-6
-polynomial (relative error under 4e-7, ~0.2 ns, vectorised); float64 keeps ``math.exp``, so
-float64 results stay exact to rounding for the checks.
+exp (and tanh, for the additive scores) dominates all of these: they come from
+``numba_support``, polynomials that vectorise for float32 and libm for float64.
 
 Every kernel is compiled on first use and cached on disk (``cache=True``); signatures are
 kept few by passing C-contiguous 2-D/3-D arrays only.
@@ -22,188 +22,220 @@ kept few by passing C-contiguous 2-D/3-D arrays only.
 from __future__ import annotations
 
 import math
-import os
 
-import numba
 import numpy as np
-from llvmlite import ir
-from numba import njit, prange, types
-from numba.extending import intrinsic, overload
-
-# Numba's default "omp" layer keeps its threads spinning after each parallel kernel, and they
-# compete for the two cores with the BLAS threads of the matrix product that comes next: a
-# 128x128 attention went from 0.1 to 8 ms.  "workqueue" threads sleep instead.  (It does not
-# allow kernels launched from several Python threads at once.)  Your own setting wins.
-if "NUMBA_THREADING_LAYER" not in os.environ:
-    numba.config.THREADING_LAYER = "workqueue"
+from numba import float32, float64, njit, prange, vectorize
 
 from . import numpy_backend as reference
+from . import scalar
+from .numba_support import FAST, _exp, _like, _sigmoid, _tanh
 
 __all__ = ["KERNELS"]
 
-# fastmath without 'nnan'/'ninf': masked scores are -inf and the kernels test for it.
-# 'reassoc' lets LLVM vectorise the row sums; 'afn' the polynomial.
-FAST = {"nsz", "arcp", "contract", "afn", "reassoc"}
+
+# ---------------------------------------------------------------- elementwise maps
+
+# numba.vectorize makes numpy ufuncs (broadcasting, any layout) of the scalar formulas in
+# compiler/scalar.py; explicit signatures compile them at import, from the disk cache after
+# the first time.  Serial: these are memory-bound, and a second thread did not pay here.
+_UNARY = [float32(float32), float64(float64)]
+_BINARY = [float32(float32, float32), float64(float64, float64)]
+_MAP = {"cache": True, "fastmath": FAST}
 
 
-@intrinsic
-def _float32_from_bits(typingctx, bits):
-    """The float32 whose bit pattern is the int32 ``bits`` (a register move)."""
-    sig = types.float32(types.int32)
+@vectorize(_UNARY, **_MAP)
+def _sigmoid_map(x):
+    return _sigmoid(x)      # numba_support's: the vectorising float32 exp inside
 
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], ir.FloatType())
 
-    return sig, codegen
+_tanh_back_map = vectorize(_BINARY, **_MAP)(scalar.tanh_back)
+_sigmoid_back_map = vectorize(_BINARY, **_MAP)(scalar.sigmoid_back)
+_relu_back_map = vectorize(_BINARY, **_MAP)(scalar.relu_back)
+
+
+# ---------------------------------------------------------------- row kernels
+
+# Each row kernel is a function of one row index (``_*_row``) run by a serial or a parallel
+# loop.  Waking the second thread costs ~9 µs, so small inputs (a decoder step's softmax
+# over 20 source positions for a batch of 32) take the serial loop.
+PARALLEL_MIN = 16384          # entries
 
 
 @njit(cache=True, fastmath=FAST)
-def _exp32(x):
-    """exp(x) in float32: x = n ln2 + r with |r| <= ln2/2, e^r by its Taylor polynomial to
-    degree 6 (error r^7/7! < 2e-7), times 2^n built from its bits.
-
-    Written without branches or table loads so that LLVM turns a loop of it into AVX-512
-    code (0.2 ns an element against 1.0 for the table version and 0.5 for numpy's exp):
-    x is clamped to float32's normal range, and the out-of-range cases are selects at the
-    end.  Below -87 it returns 0, so masked (-inf) scores come out exactly 0."""
-    xc = min(max(x, np.float32(-87.0)), np.float32(88.0))
-    # np.floor keeps float32 (math.floor would give an int64 and drag the math to float64).
-    n = np.floor(xc * np.float32(1.4426950408889634) + np.float32(0.5))
-    # ln2 split in two (Cody-Waite) so that n*ln2 is subtracted without rounding error.
-    r = xc - n * np.float32(0.693359375) - n * np.float32(-2.12194440e-4)
-    p = np.float32(1.0 / 720.0)
-    p = p * r + np.float32(1.0 / 120.0)
-    p = p * r + np.float32(1.0 / 24.0)
-    p = p * r + np.float32(1.0 / 6.0)
-    p = p * r + np.float32(0.5)
-    p = p * r + np.float32(1.0)
-    p = p * r + np.float32(1.0)
-    y = p * _float32_from_bits((np.int32(n) + np.int32(127)) << np.int32(23))   # p * 2^n
-    y = np.float32(0.0) if x < np.float32(-87.0) else y
-    y = np.float32(np.inf) if x > np.float32(88.72) else y
-    return x if x != x else y   # NaN stays NaN
-
-
-def _exp(x):  # pragma: no cover - replaced inside Numba by the overload below
-    return math.exp(x)
+def _softmax_row(r, x, mask, has_mask, out):
+    """Softmax of row r of x (R, N) into out, over the entries where mask (R, N) is True
+    when has_mask (else every entry; mask is then a dummy)."""
+    row, y = x[r], out[r]
+    keep = mask[r if has_mask else 0]
+    m = _like(row[0], -np.inf)
+    for j in range(row.shape[0]):
+        if keep[j] or not has_mask:
+            m = max(m, row[j])
+    if not math.isfinite(m):
+        m = _like(row[0], 0.0)                   # nothing finite: exp gives zeros below
+    total = 0.0
+    if has_mask:
+        for j in range(row.shape[0]):
+            e = _exp(row[j] - m) if keep[j] else _like(row[0], 0.0)
+            y[j] = e
+            total += e
+    else:
+        for j in range(row.shape[0]):
+            e = _exp(row[j] - m)
+            y[j] = e
+            total += e
+    scale = _like(row[0], 1.0 / total if total > 0 else 0.0)
+    for j in range(row.shape[0]):
+        y[j] *= scale
 
 
-@overload(_exp)
-def _exp_overload(x):
-    # Chosen once per compiled signature: the fast polynomial for float32 only.
-    if isinstance(x, types.Float) and x.bitwidth == 32:
-        return _exp32_impl
-    return _exp64_impl
+@njit(cache=True, fastmath=FAST)
+def _softmax_back_row(r, y, dy, dx):
+    yr, dyr, dxr = y[r], dy[r], dx[r]
+    s = 0.0
+    for j in range(yr.shape[0]):
+        s += yr[j] * dyr[j]
+    s = _like(yr[0], s)
+    for j in range(yr.shape[0]):
+        dxr[j] = yr[j] * (dyr[j] - s)
 
 
-def _exp32_impl(x):
-    return _exp32(x)
+@njit(cache=True, fastmath=FAST)
+def _log_softmax_row(r, x, out):
+    row, y = x[r], out[r]
+    m = _like(row[0], -np.inf)
+    for j in range(row.shape[0]):
+        m = max(m, row[j])
+    if not math.isfinite(m):
+        m = _like(row[0], 0.0)
+    total = 0.0
+    for j in range(row.shape[0]):
+        total += _exp(row[j] - m)
+    # An all -inf row has m = 0 and total = 0: y = x - 0 = -inf, the log of softmax's zeros.
+    lse = m + math.log(total) if total > 0 else m
+    for j in range(row.shape[0]):
+        y[j] = row[j] - lse
 
 
-def _exp64_impl(x):
-    return math.exp(x)
+@njit(cache=True, fastmath=FAST)
+def _log_softmax_back_row(r, y, dy, dx):
+    yr, dyr, dxr = y[r], dy[r], dx[r]
+    s = 0.0
+    for j in range(yr.shape[0]):
+        s += dyr[j]
+    s = _like(yr[0], s)
+    for j in range(yr.shape[0]):
+        dxr[j] = dyr[j] - _exp(yr[j]) * s
 
 
-def _like(x, value):  # pragma: no cover - replaced inside Numba by the overload below
-    return value
+@njit(cache=True, fastmath=FAST)
+def _cross_entropy_row(r, logits, target, ignore_index, loss, lse):
+    row = logits[r]
+    m = _like(row[0], -np.inf)
+    for j in range(row.shape[0]):
+        m = max(m, row[j])
+    total = 0.0
+    for j in range(row.shape[0]):
+        total += _exp(row[j] - m)
+    lse[r] = m + math.log(total)
+    loss[r] = lse[r] - row[target[r]] if target[r] != ignore_index else 0.0
 
 
-@overload(_like)
-def _like_overload(x, value):
-    # A constant in x's float type: a float64 literal in float32 arithmetic would promote
-    # the whole row to float64 (and to the slow exp).
-    if isinstance(x, types.Float) and x.bitwidth == 32:
-        return _as_float32
-    return _as_float64
+@njit(cache=True, fastmath=FAST)
+def _cross_entropy_back_row(r, logits, lse, target, ignore_index, dloss, dx):
+    row, out = logits[r], dx[r]
+    if target[r] == ignore_index:
+        for j in range(row.shape[0]):
+            out[j] = 0.0
+        return
+    g = dloss[r]
+    for j in range(row.shape[0]):
+        out[j] = _exp(row[j] - lse[r]) * g
+    out[target[r]] -= g
 
 
-def _as_float32(x, value):
-    return np.float32(value)
+# The loops.  A prange index is unsigned: rows are passed on as int64.
 
 
-def _as_float64(x, value):
-    return np.float64(value)
-
-
-# ---------------------------------------------------------------- softmax rows
+@njit(cache=True, fastmath=FAST)
+def _softmax_serial(x, mask, has_mask, out):
+    for r in range(x.shape[0]):
+        _softmax_row(r, x, mask, has_mask, out)
 
 
 @njit(cache=True, fastmath=FAST, parallel=True)
-def _softmax_rows(x, mask, has_mask, out):
-    """Row softmax of x (R, N) into out, over the entries where mask (R, N) is True when
-    has_mask (else every entry; mask is then a dummy)."""
+def _softmax_parallel(x, mask, has_mask, out):
     for r in prange(x.shape[0]):
-        row, y = x[r], out[r]
-        keep = mask[np.int64(r) if has_mask else np.int64(0)]   # a prange index is unsigned
-        m = _like(row[0], -np.inf)
-        for j in range(row.shape[0]):
-            if keep[j] or not has_mask:
-                m = max(m, row[j])
-        if not math.isfinite(m):
-            m = _like(row[0], 0.0)                   # nothing finite: exp gives zeros below
-        total = 0.0
-        if has_mask:
-            for j in range(row.shape[0]):
-                e = _exp(row[j] - m) if keep[j] else _like(row[0], 0.0)
-                y[j] = e
-                total += e
-        else:
-            for j in range(row.shape[0]):
-                e = _exp(row[j] - m)
-                y[j] = e
-                total += e
-        scale = _like(row[0], 1.0 / total if total > 0 else 0.0)
-        for j in range(row.shape[0]):
-            y[j] *= scale
+        _softmax_row(np.int64(r), x, mask, has_mask, out)
 
+
+@njit(cache=True, fastmath=FAST)
+def _softmax_back_serial(y, dy, dx):
+    for r in range(y.shape[0]):
+        _softmax_back_row(r, y, dy, dx)
+
+
+@njit(cache=True, fastmath=FAST, parallel=True)
+def _softmax_back_parallel(y, dy, dx):
+    for r in prange(y.shape[0]):
+        _softmax_back_row(np.int64(r), y, dy, dx)
+
+
+@njit(cache=True, fastmath=FAST)
+def _log_softmax_serial(x, out):
+    for r in range(x.shape[0]):
+        _log_softmax_row(r, x, out)
+
+
+@njit(cache=True, fastmath=FAST, parallel=True)
+def _log_softmax_parallel(x, out):
+    for r in prange(x.shape[0]):
+        _log_softmax_row(np.int64(r), x, out)
+
+
+@njit(cache=True, fastmath=FAST)
+def _log_softmax_back_serial(y, dy, dx):
+    for r in range(y.shape[0]):
+        _log_softmax_back_row(r, y, dy, dx)
+
+
+@njit(cache=True, fastmath=FAST, parallel=True)
+def _log_softmax_back_parallel(y, dy, dx):
+    for r in prange(y.shape[0]):
+        _log_softmax_back_row(np.int64(r), y, dy, dx)
+
+
+@njit(cache=True, fastmath=FAST)
+def _cross_entropy_serial(logits, target, ignore_index, loss, lse):
+    for r in range(logits.shape[0]):
+        _cross_entropy_row(r, logits, target, ignore_index, loss, lse)
+
+
+@njit(cache=True, fastmath=FAST, parallel=True)
+def _cross_entropy_parallel(logits, target, ignore_index, loss, lse):
+    for r in prange(logits.shape[0]):
+        _cross_entropy_row(np.int64(r), logits, target, ignore_index, loss, lse)
+
+
+@njit(cache=True, fastmath=FAST)
+def _cross_entropy_back_serial(logits, lse, target, ignore_index, dloss, dx):
+    for r in range(logits.shape[0]):
+        _cross_entropy_back_row(r, logits, lse, target, ignore_index, dloss, dx)
+
+
+@njit(cache=True, fastmath=FAST, parallel=True)
+def _cross_entropy_back_parallel(logits, lse, target, ignore_index, dloss, dx):
+    for r in prange(logits.shape[0]):
+        _cross_entropy_back_row(np.int64(r), logits, lse, target, ignore_index, dloss, dx)
+
+
+def _pick(serial, parallel, x):
+    return parallel if x.size >= PARALLEL_MIN else serial
+
+
+# ---------------------------------------------------------------- softmax and log-softmax
 
 _NO_MASK_ROWS = np.ones((1, 1), dtype=np.bool_)
-
-
-def _plain_softmax_rows(x, out):
-    _softmax_rows(x, _NO_MASK_ROWS, False, out)
-
-
-@njit(cache=True, fastmath=FAST, parallel=True)
-def _softmax_back_rows(y, dy, dx):
-    for r in prange(y.shape[0]):
-        yr, dyr, dxr = y[r], dy[r], dx[r]
-        s = 0.0
-        for j in range(yr.shape[0]):
-            s += yr[j] * dyr[j]
-        s = _like(yr[0], s)
-        for j in range(yr.shape[0]):
-            dxr[j] = yr[j] * (dyr[j] - s)
-
-
-@njit(cache=True, fastmath=FAST, parallel=True)
-def _log_softmax_rows(x, out):
-    for r in prange(x.shape[0]):
-        row, y = x[r], out[r]
-        m = _like(row[0], -np.inf)
-        for j in range(row.shape[0]):
-            m = max(m, row[j])
-        if not math.isfinite(m):
-            m = _like(row[0], 0.0)
-        total = 0.0
-        for j in range(row.shape[0]):
-            total += _exp(row[j] - m)
-        # An all -inf row has m = 0 and total = 0: y = x - 0 = -inf, the log of softmax's zeros.
-        lse = m + math.log(total) if total > 0 else m
-        for j in range(row.shape[0]):
-            y[j] = row[j] - lse
-
-
-@njit(cache=True, fastmath=FAST, parallel=True)
-def _log_softmax_back_rows(y, dy, dx):
-    for r in prange(y.shape[0]):
-        yr, dyr, dxr = y[r], dy[r], dx[r]
-        s = 0.0
-        for j in range(yr.shape[0]):
-            s += dyr[j]
-        s = _like(yr[0], s)
-        for j in range(yr.shape[0]):
-            dxr[j] = dyr[j] - _exp(yr[j]) * s
 
 
 def _rows(x):
@@ -211,83 +243,67 @@ def _rows(x):
     return np.ascontiguousarray(x).reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
 
 
-def _row_kernel(kernel, reference_fn):
-    """A kernel over the last axis; other axes (rare: attention and losses use the last)
-    and empty arrays go to the numpy reference."""
-
-    def run(x, axis):
-        if x.size == 0 or axis not in (-1, x.ndim - 1):
-            return reference_fn(x, axis)
-        out = np.empty(x.shape, dtype=x.dtype)
-        kernel(_rows(x), out.reshape(-1, x.shape[-1]))
-        return out
-
-    return run
-
-
-def _row_back_kernel(kernel, reference_fn):
-    def run(y, dy, axis):
-        if y.size == 0 or axis not in (-1, y.ndim - 1):
-            return reference_fn(y, dy, axis)
-        dx = np.empty(y.shape, dtype=y.dtype)
-        kernel(_rows(y), _rows(dy), dx.reshape(-1, y.shape[-1]))
-        return dx
-
-    return run
+def softmax(x, axis):
+    """Over the last axis; other axes (rare: attention and losses use the last) and empty
+    arrays go to the numpy reference."""
+    if x.size == 0 or axis not in (-1, x.ndim - 1):
+        return reference.softmax(x, axis)
+    out = np.empty(x.shape, dtype=x.dtype)
+    _pick(_softmax_serial, _softmax_parallel, x)(_rows(x), _NO_MASK_ROWS, False, _rows(out))
+    return out
 
 
 def masked_softmax(x, mask):
     if x.size == 0:
         return reference.masked_softmax(x, mask)
     out = np.empty(x.shape, dtype=x.dtype)
-    _softmax_rows(_rows(x), _rows(np.broadcast_to(mask, x.shape)), True, out.reshape(-1, x.shape[-1]))
+    rows_mask = _rows(np.broadcast_to(mask, x.shape))
+    _pick(_softmax_serial, _softmax_parallel, x)(_rows(x), rows_mask, True, _rows(out))
     return out
 
 
+def log_softmax(x, axis):
+    if x.size == 0 or axis not in (-1, x.ndim - 1):
+        return reference.log_softmax(x, axis)
+    out = np.empty(x.shape, dtype=x.dtype)
+    _pick(_log_softmax_serial, _log_softmax_parallel, x)(_rows(x), _rows(out))
+    return out
+
+
+def _row_back_kernel(serial, parallel, reference_fn):
+    def run(y, dy, axis):
+        if y.size == 0 or axis not in (-1, y.ndim - 1):
+            return reference_fn(y, dy, axis)
+        dx = np.empty(y.shape, dtype=y.dtype)
+        _pick(serial, parallel, y)(_rows(y), _rows(dy), _rows(dx))
+        return dx
+
+    return run
+
+
+softmax_back = _row_back_kernel(_softmax_back_serial, _softmax_back_parallel, reference.softmax_back)
+log_softmax_back = _row_back_kernel(_log_softmax_back_serial, _log_softmax_back_parallel,
+                                    reference.log_softmax_back)
+
+
 # ---------------------------------------------------------------- cross-entropy
-
-
-@njit(cache=True, fastmath=FAST, parallel=True)
-def _cross_entropy_rows(logits, target, ignore_index, loss, lse):
-    for r in prange(logits.shape[0]):
-        row = logits[r]
-        m = _like(row[0], -np.inf)
-        for j in range(row.shape[0]):
-            m = max(m, row[j])
-        total = 0.0
-        for j in range(row.shape[0]):
-            total += _exp(row[j] - m)
-        lse[r] = m + math.log(total)
-        loss[r] = lse[r] - row[target[r]] if target[r] != ignore_index else 0.0
-
-
-@njit(cache=True, fastmath=FAST, parallel=True)
-def _cross_entropy_back_rows(logits, lse, target, ignore_index, dloss, dx):
-    for r in prange(logits.shape[0]):
-        row, out = logits[r], dx[r]
-        if target[r] == ignore_index:
-            for j in range(row.shape[0]):
-                out[j] = 0.0
-            continue
-        g = dloss[r]
-        for j in range(row.shape[0]):
-            out[j] = _exp(row[j] - lse[r]) * g
-        out[target[r]] -= g
 
 
 def cross_entropy(logits, target, ignore_index):
     n = logits.shape[0]
     loss = np.empty(n, dtype=logits.dtype)
     lse = np.empty(n, dtype=logits.dtype)
-    _cross_entropy_rows(np.ascontiguousarray(logits), np.ascontiguousarray(target, dtype=np.int64),
-                        np.int64(ignore_index), loss, lse)
+    _pick(_cross_entropy_serial, _cross_entropy_parallel, logits)(
+        np.ascontiguousarray(logits), np.ascontiguousarray(target, dtype=np.int64),
+        np.int64(ignore_index), loss, lse)
     return loss, lse
 
 
 def cross_entropy_back(logits, lse, target, ignore_index, dloss):
     dx = np.empty(logits.shape, dtype=logits.dtype)
-    _cross_entropy_back_rows(np.ascontiguousarray(logits), lse, np.ascontiguousarray(target, dtype=np.int64),
-                             np.int64(ignore_index), np.ascontiguousarray(dloss, dtype=logits.dtype), dx)
+    _pick(_cross_entropy_back_serial, _cross_entropy_back_parallel, logits)(
+        np.ascontiguousarray(logits), lse, np.ascontiguousarray(target, dtype=np.int64),
+        np.int64(ignore_index), np.ascontiguousarray(dloss, dtype=logits.dtype), dx)
     return dx
 
 
@@ -311,6 +327,100 @@ def embedding_back(num_rows, ids, dy, padding_idx):
     _scatter_rows(np.ascontiguousarray(ids, dtype=np.int64).reshape(-1), _rows(dy).reshape(-1, dim),
                   np.int64(-1 if padding_idx is None else padding_idx), dw)
     return dw
+
+
+# ---------------------------------------------------------------- additive (Bahdanau) scores
+
+# Below this many tanh evaluations a serial kernel wins: waking the second thread costs
+# ~2 µs, about what 16K vectorised float32 tanh take on one core.
+ADDITIVE_PARALLEL_MIN = 16384
+
+
+@njit(cache=True, fastmath=FAST, error_model="numpy")
+def _additive_row(q_i, k_n, v, e_i):
+    """e_i[j] = v . tanh(q_i + k_n[j]) for one query of one batch entry."""
+    for j in range(k_n.shape[0]):
+        k_j = k_n[j]
+        total = _like(q_i[0], 0.0)
+        for a in range(q_i.shape[0]):
+            total += v[a] * _tanh(q_i[a] + k_j[a])
+        e_i[j] = total
+
+
+@njit(cache=True, fastmath=FAST, error_model="numpy")
+def _additive_scores_serial(q, k, v, e):
+    for ni in range(q.shape[0] * q.shape[1]):
+        n, i = ni // q.shape[1], ni % q.shape[1]
+        _additive_row(q[n, i], k[n], v, e[n, i])
+
+
+@njit(cache=True, fastmath=FAST, error_model="numpy", parallel=True)
+def _additive_scores_parallel(q, k, v, e):
+    for ni in prange(q.shape[0] * q.shape[1]):
+        n, i = ni // q.shape[1], ni % q.shape[1]
+        _additive_row(q[n, i], k[n], v, e[n, i])
+
+
+@njit(cache=True, fastmath=FAST, error_model="numpy")
+def _additive_back_entry(q_n, k_n, v, de_n, dq_n, dk_n, dv_n):
+    """Gradients from one batch entry: dq_n, dk_n (owned by this entry) and its share dv_n
+    of dv.  tanh is recomputed, not stored; pairs with a zero gradient (masked) are skipped."""
+    for i in range(q_n.shape[0]):
+        q_i, dq_i = q_n[i], dq_n[i]
+        for j in range(k_n.shape[0]):
+            d = de_n[i, j]
+            if d == 0:
+                continue
+            k_j, dk_j = k_n[j], dk_n[j]
+            for a in range(q_i.shape[0]):
+                t = _tanh(q_i[a] + k_j[a])
+                dv_n[a] += d * t
+                g = d * (_like(t, 1.0) - t * t) * v[a]                # d e / d(q_i + k_j)
+                dq_i[a] += g
+                dk_j[a] += g
+
+
+@njit(cache=True, fastmath=FAST, error_model="numpy")
+def _additive_back_serial(q, k, v, de, dq, dk, dv_parts):
+    for n in range(q.shape[0]):
+        _additive_back_entry(q[n], k[n], v, de[n], dq[n], dk[n], dv_parts[n])
+
+
+@njit(cache=True, fastmath=FAST, error_model="numpy", parallel=True)
+def _additive_back_parallel(q, k, v, de, dq, dk, dv_parts):
+    for n in prange(q.shape[0]):
+        _additive_back_entry(q[n], k[n], v, de[n], dq[n], dk[n], dv_parts[n])
+
+
+def _contiguous(*arrays):
+    return tuple(np.ascontiguousarray(x) for x in arrays)
+
+
+def additive_scores(q, k, v):
+    """One fused pass: each tanh is computed, weighted by v and summed without a
+    (T_q, T_k, A) temporary.  Parallel over (batch, query) pairs when big enough."""
+    q, k, v = _contiguous(q, k, v)
+    e = np.empty((q.shape[0], q.shape[1], k.shape[1]), dtype=q.dtype)
+    if e.size == 0 or q.shape[2] == 0:
+        return reference.additive_scores(q, k, v)
+    big = q.shape[0] * q.shape[1] * k.shape[1] * q.shape[2] >= ADDITIVE_PARALLEL_MIN
+    (_additive_scores_parallel if big else _additive_scores_serial)(q, k, v, e)
+    return e
+
+
+def additive_scores_back(q, k, v, de):
+    """Parallel over batch entries, so each writes only its own rows of dq and dk; dv is
+    summed from per-entry parts."""
+    q, k, v, de = _contiguous(q, k, v, de)
+    if de.size == 0 or q.shape[2] == 0:
+        return reference.additive_scores_back(q, k, v, de)
+    dq = np.zeros_like(q)
+    dk = np.zeros_like(k)
+    dv_parts = np.zeros((q.shape[0], v.shape[0]), dtype=v.dtype)
+    big = q.shape[0] * q.shape[1] * k.shape[1] * q.shape[2] >= ADDITIVE_PARALLEL_MIN
+    kernel = _additive_back_parallel if big and q.shape[0] > 1 else _additive_back_serial
+    kernel(q, k, v, de, dq, dk, dv_parts)
+    return dq, dk, dv_parts.sum(axis=0)
 
 
 # ---------------------------------------------------------------- scaled dot-product attention
@@ -444,6 +554,11 @@ def _visible(causal, q_block, k_block):
     return not causal or k_block[0] <= q_block[1] - 1
 
 
+# Below this many scores (N * T_q * T_k) the reference's few numpy passes beat the kernels,
+# whose launches cost more than the work: (1, 128, 128) took 0.11 ms here against 0.08.
+SDPA_KERNEL_MIN = 65536
+
+
 def sdpa(q, k, v, mask, scale, causal):
     """Flash-attention style: query blocks of SDPA_BLOCK rows, key blocks of SDPA_KEY_BLOCK,
     an online softmax across key blocks (running max and sum, earlier output rescaled), and
@@ -451,6 +566,8 @@ def sdpa(q, k, v, mask, scale, causal):
     the softmax between them, in place."""
     n, t_q, _ = q.shape
     t_k, d_v = k.shape[1], v.shape[2]
+    if n * t_q * t_k < SDPA_KERNEL_MIN:
+        return reference.sdpa(q, k, v, mask, scale, causal)
     o = np.empty((n, t_q, d_v), dtype=q.dtype)
     lse = np.empty((n, t_q), dtype=q.dtype)
     for q_block in _blocks(t_q, reference.SDPA_BLOCK):
@@ -477,6 +594,8 @@ def sdpa(q, k, v, mask, scale, causal):
 
 def sdpa_back(q, k, v, o, lse, do, mask, scale, causal):
     """Gradients block by block, each (query, key) block's weights rebuilt from lse."""
+    if q.shape[0] * q.shape[1] * k.shape[1] < SDPA_KERNEL_MIN:
+        return reference.sdpa_back(q, k, v, o, lse, do, mask, scale, causal)
     dq = np.zeros_like(q)
     dk = np.zeros_like(k)
     dv = np.zeros_like(v)
@@ -504,14 +623,20 @@ def sdpa_back(q, k, v, o, lse, do, mask, scale, causal):
 
 
 KERNELS = {
-    "softmax": _row_kernel(_plain_softmax_rows, reference.softmax),
-    "softmax_back": _row_back_kernel(_softmax_back_rows, reference.softmax_back),
-    "log_softmax": _row_kernel(_log_softmax_rows, reference.log_softmax),
-    "log_softmax_back": _row_back_kernel(_log_softmax_back_rows, reference.log_softmax_back),
+    "sigmoid": _sigmoid_map,
+    "tanh_back": _tanh_back_map,
+    "sigmoid_back": _sigmoid_back_map,
+    "relu_back": _relu_back_map,
+    "softmax": softmax,
+    "softmax_back": softmax_back,
+    "log_softmax": log_softmax,
+    "log_softmax_back": log_softmax_back,
     "masked_softmax": masked_softmax,
     "cross_entropy": cross_entropy,
     "cross_entropy_back": cross_entropy_back,
     "embedding_back": embedding_back,
+    "additive_scores": additive_scores,
+    "additive_scores_back": additive_scores_back,
     "sdpa": sdpa,
     "sdpa_back": sdpa_back,
 }

@@ -1,12 +1,13 @@
 """Properties of the Numba kernels that the conformance suite's small shapes do not reach:
-the float32 exp across its whole range, and the online softmax across several key blocks."""
+the float32 exp and tanh across their whole range, the online softmax across several key
+blocks, and the float32 error of long sums."""
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tinygrad_attn.compiler import cpu
+from tinygrad_attn.compiler import cpu, numba_support
 from tinygrad_attn.compiler import numpy_backend as reference
 
 TOL = {np.float32: {"rtol": 2e-5, "atol": 1e-6}, np.float64: {"rtol": 1e-10, "atol": 1e-12}}
@@ -14,7 +15,7 @@ TOL = {np.float32: {"rtol": 2e-5, "atol": 1e-6}, np.float64: {"rtol": 1e-10, "at
 
 def test_exp32_relative_error_over_the_float32_range():
     x = np.linspace(-87.0, 88.0, 200_001).astype(np.float32)
-    got = np.array([cpu._exp32(v) for v in x[::50]], dtype=np.float64)
+    got = np.array([numba_support._exp32(v) for v in x[::50]], dtype=np.float64)
     want = np.exp(x[::50].astype(np.float64))
     assert np.max(np.abs(got - want) / want) < 4e-7   # a few float32 ulps
 
@@ -22,18 +23,32 @@ def test_exp32_relative_error_over_the_float32_range():
 @pytest.mark.parametrize("x, want", [(-np.inf, 0.0), (-88.0, 0.0), (-1e30, 0.0), (0.0, 1.0),
                                      (89.0, np.inf), (np.inf, np.inf)])
 def test_exp32_edges(x, want):
-    assert cpu._exp32(np.float32(x)) == want
+    assert numba_support._exp32(np.float32(x)) == want
 
 
 def test_exp32_keeps_nan():
-    assert np.isnan(cpu._exp32(np.float32(np.nan)))
+    assert np.isnan(numba_support._exp32(np.float32(np.nan)))
+
+
+def test_tanh32_relative_error_and_edges():
+    x = np.linspace(-12.0, 12.0, 4001).astype(np.float32)
+    got = np.array([numba_support._tanh32(v) for v in x], dtype=np.float64)
+    want = np.tanh(x.astype(np.float64))
+    assert np.max(np.abs(got - want) / np.maximum(np.abs(want), 1e-30)) < 3e-7
+    tiny = np.float32(1e-30)
+    assert numba_support._tanh32(tiny) == tiny                     # no cancellation near 0
+    assert numba_support._tanh32(np.float32(np.inf)) == 1.0
+    assert numba_support._tanh32(np.float32(-np.inf)) == -1.0
+    assert np.isnan(numba_support._tanh32(np.float32(np.nan)))
 
 
 @pytest.fixture
 def small_blocks(monkeypatch):
-    """Blocks of 4 queries and 3 keys, so that small inputs take many of each."""
+    """Blocks of 4 queries and 3 keys, so that small inputs take many of each (and the
+    kernels, which small inputs otherwise leave to the reference)."""
     monkeypatch.setattr(reference, "SDPA_BLOCK", 4)
     monkeypatch.setattr(cpu, "SDPA_KEY_BLOCK", 3)
+    monkeypatch.setattr(cpu, "SDPA_KERNEL_MIN", 0)
 
 
 # The patched block sizes hold for every generated input: the fixture need not rerun.
@@ -55,4 +70,63 @@ def test_sdpa_online_softmax_across_key_blocks(small_blocks, t_q, t_k, masked, c
     do = rng.normal(size=o.shape).astype(dtype)
     for got, want in zip(cpu.sdpa_back(q, k, v, o, lse, do, mask, 0.7, causal),
                          reference.sdpa_back(q, k, v, o_ref, lse_ref, do, mask, 0.7, causal), strict=True):
+        np.testing.assert_allclose(got, want, **TOL[dtype])
+
+
+@pytest.mark.parametrize("n, t_q, t_k, a", [(1, 1, 1, 1), (3, 1, 20, 128), (2, 37, 23, 17), (33, 2, 5, 64)])
+def test_additive_scores_float32_within_rounding_of_float64(n, t_q, t_k, a):
+    """Large sums, serial and parallel kernels: each float32 result is within a few float32
+    roundings of the float64 reference, measured against the sum of its terms' sizes."""
+    rng = np.random.default_rng(n * 1000 + t_q)
+    q, k = rng.normal(size=(n, t_q, a)), rng.normal(size=(n, t_k, a)) * 2
+    v, de = rng.normal(size=a), rng.normal(size=(n, t_q, t_k)) * (rng.random((n, t_q, t_k)) < 0.7)
+    f32 = [x.astype(np.float32) for x in (q, k, v, de)]
+    e = cpu.additive_scores(*f32[:3])
+    np.testing.assert_allclose(e, reference.additive_scores(q, k, v), rtol=0, atol=1e-6 * np.abs(v).sum())
+    dq, dk, dv = cpu.additive_scores_back(*f32)
+    dq_ref, dk_ref, dv_ref = reference.additive_scores_back(q, k, v, de)
+    size_dq = np.abs(de).sum(axis=2)[..., None] * np.abs(v)          # (N, T_q, A): the terms' sizes
+    size_dk = np.abs(de).sum(axis=1)[..., None] * np.abs(v)          # (N, T_k, A)
+    assert np.all(np.abs(dq - dq_ref) <= 1e-6 * size_dq + 1e-7)
+    assert np.all(np.abs(dk - dk_ref) <= 1e-6 * size_dk + 1e-7)
+    assert np.all(np.abs(dv - dv_ref) <= 1e-6 * np.abs(de).sum() + 1e-7)
+    assert dq.dtype == dk.dtype == dv.dtype == e.dtype == np.float32
+
+
+@pytest.mark.parametrize("rows", [3, 200])      # below and above cpu.PARALLEL_MIN entries
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_row_kernels_serial_and_parallel_loops(rows, dtype):
+    rng = np.random.default_rng(rows)
+    x = (rng.normal(size=(rows, 100)) * 10).astype(dtype)
+    dy = rng.normal(size=x.shape).astype(dtype)
+    mask = rng.random(x.shape) < 0.5
+    target = rng.integers(0, 100, size=rows)
+    assert (x.size >= cpu.PARALLEL_MIN) == (rows == 200)
+    y, logy = reference.softmax(x, -1), reference.log_softmax(x, -1)
+    cases = [("softmax", (x, -1)), ("masked_softmax", (x, mask)), ("log_softmax", (x, -1)),
+             ("softmax_back", (y, dy, -1)), ("log_softmax_back", (logy, dy, -1)),
+             ("cross_entropy", (x, target, -100)),
+             ("cross_entropy_back", (x, reference.cross_entropy(x, target, 5)[1], target, 5, dy[:, 0]))]
+    for name, args in cases:
+        got, want = getattr(cpu, name)(*args), getattr(reference, name)(*args)
+        if not isinstance(got, tuple):
+            got, want = (got,), (want,)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g, w, **TOL[dtype], err_msg=name)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sdpa_kernels_at_their_own_block_sizes(causal, dtype):
+    """Above SDPA_KERNEL_MIN, with the shipped block sizes: two query blocks and a partial one."""
+    rng = np.random.default_rng(7)
+    q, k = rng.normal(size=(2, 300, 8)).astype(dtype), rng.normal(size=(2, 260, 8)).astype(dtype)
+    v, do = rng.normal(size=(2, 260, 5)).astype(dtype), rng.normal(size=(2, 300, 5)).astype(dtype)
+    mask = rng.random((1, 300, 260)) < 0.7
+    assert q.shape[0] * q.shape[1] * k.shape[1] >= cpu.SDPA_KERNEL_MIN
+    o, lse = cpu.sdpa(q, k, v, mask, 0.4, causal)
+    o_ref, lse_ref = reference.sdpa(q, k, v, mask, 0.4, causal)
+    np.testing.assert_allclose(o, o_ref, **TOL[dtype])
+    for got, want in zip(cpu.sdpa_back(q, k, v, o, lse, do, mask, 0.4, causal),
+                         reference.sdpa_back(q, k, v, o_ref, lse_ref, do, mask, 0.4, causal), strict=True):
         np.testing.assert_allclose(got, want, **TOL[dtype])
