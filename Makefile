@@ -1,6 +1,6 @@
 # The two set-up commands (they install everything they need on a fresh Debian machine):
 #   make demo   train a small model with the engine and verify its gradients with sympy
-#   make test   ruff + the whole test suite (what CI runs)
+#   make test   ruff + the whole test suite, then the CUDA tests under Numba's simulator (what CI runs)
 
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
 VENV   := .venv
@@ -8,13 +8,22 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || ! command -v sudo >/dev/null 2>&1 || echo sudo)
 
-.PHONY: demo test lint setup dot clean
+.PHONY: demo test test-cuda lint setup dot clean
 
 demo: setup dot
 	$(PY) examples/quickstart.py
 
 test: setup dot lint
 	$(PY) -m pytest
+	@$(MAKE) --no-print-directory test-cuda
+
+# The CUDA tests again, under Numba's CUDA simulator (no GPU needed; tiny shapes).  A second
+# run, because the simulator is chosen when numba is first imported; in the first run these
+# tests skip unless there is a GPU.
+CUDA_TESTS := tests/test_cuda.py tests/test_cuda_ptx.py tests/test_conformance.py tests/test_backends.py
+
+test-cuda: setup
+	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -k cuda $(CUDA_TESTS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -12,10 +12,17 @@ Devices:
     "cpu"    the default device: Numba kernels (compiler/cpu.py) for softmax-shaped work
              and fused attention, BLAS (through numpy) for matrix products, the reference
              kernels for the rest.
+    "cuda"   numba.cuda kernels for every kernel (compiler/cuda.py), on device arrays.  Loaded
+             on first use (importing numba.cuda takes ~0.5 s), and only where it can run: on
+             a CUDA GPU, or under Numba's simulator (NUMBA_ENABLE_CUDASIM=1 set before numba
+             is imported; slow, for tiny shapes and tests).
 """
 
 from __future__ import annotations
 
+import functools
+import os
+import sys
 from collections.abc import Callable
 
 from . import numpy_backend
@@ -23,7 +30,12 @@ from .allocator import keep_freed_memory
 
 keep_freed_memory()
 
-__all__ = ["Backend", "get_backend", "register_backend", "available_devices", "keep_freed_memory"]
+__all__ = ["Backend", "get_backend", "register_backend", "available_devices", "keep_freed_memory",
+           "DeviceUnavailableError", "cuda_problem"]
+
+
+class DeviceUnavailableError(RuntimeError):
+    """A known device that cannot run on this machine (e.g. "cuda" without a GPU)."""
 
 
 class Backend:
@@ -72,19 +84,24 @@ class Backend:
         return f"Backend({self.name!r}, {len(self.kernels)} own kernels, parent={parent!r})"
 
 
-# The kernels compiler/cpu.py overrides.  Listed here so that importing the package does
-# not import Numba (~0.2 s): the first call of any of them loads them all.
-CPU_KERNELS = ("softmax", "softmax_back", "log_softmax", "log_softmax_back", "masked_softmax",
-               "cross_entropy", "cross_entropy_back", "embedding_back", "sdpa", "sdpa_back")
+# The kernels compiler/cpu.py and compiler/cpu_rnn.py override.  Listed here so that importing
+# the package does not import Numba (~0.2 s): the first call of any of them loads them all.
+CPU_KERNELS = ("sigmoid", "tanh_back", "sigmoid_back", "relu_back",
+               "softmax", "softmax_back", "log_softmax", "log_softmax_back", "masked_softmax",
+               "cross_entropy", "cross_entropy_back", "embedding_back", "additive_scores",
+               "additive_scores_back", "sdpa", "sdpa_back",
+               "gru_gates", "gru_gates_back", "lstm_cell_state", "lstm_cell_state_back",
+               "lstm_hidden", "lstm_hidden_back")
 
 
 def _load_cpu_kernels(name: str) -> Callable:
     def first_call(*args):
-        from . import cpu
+        from . import cpu, cpu_rnn
 
-        for kernel_name, fn in cpu.KERNELS.items():
+        kernels = {**cpu.KERNELS, **cpu_rnn.KERNELS}
+        for kernel_name, fn in kernels.items():
             _BACKENDS["cpu"].register_kernel(kernel_name, fn)
-        return cpu.KERNELS[name](*args)
+        return kernels[name](*args)
 
     first_call.__name__ = name
     return first_call
@@ -104,13 +121,77 @@ def register_backend(backend: Backend) -> None:
 
 
 def get_backend(name: str) -> Backend:
-    """The backend for device ``name``; raises ValueError listing the known devices."""
+    """The backend for device ``name``; raises ValueError listing the known devices, and
+    DeviceUnavailableError for "cuda" where it cannot run (saying why)."""
     try:
         return _BACKENDS[name]
     except KeyError:
-        known = ", ".join(repr(n) for n in _BACKENDS)
+        if name == "cuda":
+            return _load_cuda()
+        known = ", ".join(repr(n) for n in dict.fromkeys([*_BACKENDS, "cuda"]))
         raise ValueError(f"unknown device {name!r}; known devices: {known}") from None
 
 
 def available_devices() -> list[str]:
-    return list(_BACKENDS)
+    """The devices that can run here: "cuda" only with a GPU or Numba's simulator."""
+    devices = list(_BACKENDS)
+    if "cuda" not in devices and cuda_problem() is None:
+        devices.append("cuda")
+    return devices
+
+
+# ---------------------------------------------------------------- the "cuda" device, loaded on first use
+
+_SIMULATOR_HINT = ("To run the CUDA kernels without a GPU, use Numba's CUDA simulator: set "
+                   "NUMBA_ENABLE_CUDASIM=1 in the environment before Python starts (e.g. "
+                   "NUMBA_ENABLE_CUDASIM=1 python train.py); it runs every GPU thread in Python, "
+                   "so keep shapes tiny.")
+
+
+def _flag(value: str | None) -> bool:
+    try:
+        return int(value or "0") != 0          # how numba reads NUMBA_ENABLE_CUDASIM
+    except ValueError:
+        return False
+
+
+@functools.cache
+def cuda_problem() -> str | None:
+    """Why the "cuda" device cannot run here, or None when it can (a GPU, or the simulator).
+
+    Cheap when there is plainly no GPU: without a CUDA driver library numba is not imported.
+    """
+    wanted = _flag(os.environ.get("NUMBA_ENABLE_CUDASIM"))
+    if "numba" in sys.modules:
+        import numba
+
+        if numba.config.ENABLE_CUDASIM:
+            return None
+        if wanted:
+            return ("NUMBA_ENABLE_CUDASIM=1 was set after numba had been imported, so the simulator "
+                    "is off; set it before Python starts.")
+    elif wanted:
+        return None
+    import ctypes.util
+
+    driver = (os.environ.get("NUMBA_CUDA_DRIVER") or ctypes.util.find_library("cuda")
+              or os.path.exists("/proc/driver/nvidia") or os.path.exists("/dev/nvidiactl"))
+    if not driver:
+        return f"no CUDA GPU was found (there is no CUDA driver library, libcuda). {_SIMULATOR_HINT}"
+    from numba import cuda
+
+    if not cuda.is_available():
+        return (f"no usable CUDA GPU was found (numba.cuda.is_available() is False; "
+                f"numba.cuda.detect() tells more). {_SIMULATOR_HINT}")
+    return None
+
+
+def _load_cuda() -> Backend:
+    problem = cuda_problem()
+    if problem is not None:
+        raise DeviceUnavailableError(f"device 'cuda' is not available: {problem}")
+    from . import cuda
+
+    backend = Backend("cuda", cuda.KERNELS)
+    _BACKENDS["cuda"] = backend
+    return backend

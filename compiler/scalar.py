@@ -17,6 +17,26 @@ import math
 # ---------------------------------------------------------------- forward
 
 
+def add(a, b):
+    return a + b
+
+
+def sub(a, b):
+    return a - b
+
+
+def mul(a, b):
+    return a * b
+
+
+def div(a, b):
+    return a / b
+
+
+def pow(x, p):  # noqa: A001 - the kernel is named after the math
+    return x**p
+
+
 def neg(x):
     return -x
 
@@ -75,6 +95,57 @@ def div_back_b(a, b, dy):
     return -dy * a / (b * b)
 
 
-# The unary maps and the two-input maps (``*_back`` and div_back_b), by kernel name.
+def pow_back_base(x, p, dy):
+    """d(x^p)/dx = p x^(p-1)."""
+    return dy * p * x ** (p - 1)
+
+
+def pow_back_exponent(y, x, dy):
+    """d(x^p)/dp = x^p log x, from the output y = x^p."""
+    return dy * y * math.log(x)
+
+
+def max_back(hit, dy, count):
+    """The gradient of a max, shared evenly by the ``count`` entries that reach it (``hit``)."""
+    return dy / count if hit else 0.0 * dy
+
+
+# ---------------------------------------------------------------- comparisons and selection
+
+
+def eq(a, b):
+    return a == b
+
+
+def ne(a, b):
+    return a != b
+
+
+def lt(a, b):
+    return a < b
+
+
+def le(a, b):
+    return a <= b
+
+
+def gt(a, b):
+    return a > b
+
+
+def ge(a, b):
+    return a >= b
+
+
+def where(cond, a, b):
+    return a if cond else b
+
+
+# By kernel name: the unary maps, the two-input maps (arithmetic, comparisons, ``*_back``)
+# and the three-input ones.  leaky_relu and leaky_relu_back also take negative_slope.
 MAPS = {"neg": neg, "exp": exp, "log": log, "tanh": tanh, "sigmoid": sigmoid, "relu": relu}
-ZIPS = {"tanh_back": tanh_back, "sigmoid_back": sigmoid_back, "relu_back": relu_back}
+ZIPS = {"add": add, "sub": sub, "mul": mul, "div": div, "pow": pow,
+        "eq": eq, "ne": ne, "lt": lt, "le": le, "gt": gt, "ge": ge,
+        "tanh_back": tanh_back, "sigmoid_back": sigmoid_back, "relu_back": relu_back}
+ZIPS3 = {"div_back_b": div_back_b, "pow_back_base": pow_back_base,
+         "pow_back_exponent": pow_back_exponent, "where": where}

@@ -61,6 +61,40 @@ def test_allocator_tuning_can_be_turned_off():
 
 
 def test_lazy_cpu_kernel_list_matches_compiler_cpu():
-    from tinygrad_attn.compiler import CPU_KERNELS, cpu
+    from tinygrad_attn.compiler import CPU_KERNELS, cpu, cpu_rnn
 
-    assert set(CPU_KERNELS) == set(cpu.KERNELS)
+    assert not set(cpu.KERNELS) & set(cpu_rnn.KERNELS)
+    assert set(CPU_KERNELS) == set(cpu.KERNELS) | set(cpu_rnn.KERNELS)
+
+
+def _run_python(code: str, simulator: bool) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    if simulator:
+        env["NUMBA_ENABLE_CUDASIM"] = "1"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+
+
+def test_cuda_without_a_gpu_or_the_simulator_says_how_to_use_the_simulator():
+    probe = ("import tinygrad_attn as ta\n"
+             "from tinygrad_attn.compiler import available_devices\n"
+             "print('cuda' in available_devices())\n"
+             "try:\n"
+             "    ta.Tensor([1.0]).to('cuda')\n"
+             "except RuntimeError as error:\n"
+             "    print(error)\n")
+    out = _run_python(probe, simulator=False)
+    if out.stdout.startswith("True"):
+        pytest.skip("this machine has a CUDA GPU")
+    assert out.stdout.startswith("False"), out.stderr
+    assert "device 'cuda' is not available: no CUDA GPU was found" in out.stdout
+    assert "NUMBA_ENABLE_CUDASIM=1" in out.stdout
+
+
+def test_cuda_kernels_are_imported_on_first_use_of_the_device():
+    probe = ("import sys, tinygrad_attn as ta\n"
+             "print('numba' in sys.modules, 'tinygrad_attn.compiler.cuda' in sys.modules)\n"
+             "x = ta.Tensor([1.0, 2.0], device='cuda')\n"
+             "print('tinygrad_attn.compiler.cuda' in sys.modules, (x * x).sum().item())\n")
+    out = _run_python(probe, simulator=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False", "True", "5.0"]

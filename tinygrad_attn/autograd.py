@@ -420,7 +420,7 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
                 raise RuntimeError(f"{op.name}.backward returned a gradient of shape "
                                    f"{tuple(gi.shape)} for an input of shape {inp.shape}")
             key = id(inp)
-            grads[key] = gi if key not in grads else grads[key] + gi
+            grads[key] = gi if key not in grads else op.backend.add(grads[key], gi)
         if not retain_graph:
             op.saved = ()
             op.freed = True

@@ -326,6 +326,10 @@ class Tensor:
     # Comparisons give boolean tensors (no gradient), for masks.
     def _compare(self, other, kernel: str) -> Tensor:
         other = self._operand(other, kernel)
+        if other.backend is not self.backend:
+            raise autograd.DeviceError(f"{kernel}: inputs are on different devices ({self.device} "
+                                       f"{self.shape}, {other.device} {other.shape}); move them "
+                                       f"with .to(device) first")
         return Tensor._make(getattr(self.backend, kernel)(self.data, other.data), self.backend, False)
 
     def __eq__(self, other):  # type: ignore[override]

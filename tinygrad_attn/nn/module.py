@@ -167,6 +167,18 @@ class Module:
             p.grad = None
         return self
 
+    def to(self, device: str) -> Module:
+        """Move every parameter to ``device`` in place (each stays the same Parameter object,
+        so an optimizer built before still holds it); gradients are dropped.  Returns self.
+
+        Example:
+            >>> model = nn.Linear(4, 3).to("cuda")
+        """
+        for p in self.parameters():
+            moved = p.to(device)
+            p.data, p.backend, p.grad = moved.data, moved.backend, None
+        return self
+
     def float(self) -> Module:
         return self.astype(np.float32)
 

@@ -91,9 +91,10 @@ def _check_targets(op, scores, target, ignore_index) -> None:
         op.fail(f"target shape {tuple(target.shape)} must equal the scores shape without its "
                 f"class axis: scores {tuple(scores.shape)} -> target {tuple(scores.shape[:-1])}")
     classes = scores.shape[-1]
+    target = op.backend.to_numpy(target)        # on the host: a device array has no comparisons
     bad = ((target < 0) | (target >= classes)) & (target != ignore_index)
     if np.any(bad):
-        value = int(np.asarray(target)[np.asarray(bad)][0])
+        value = int(target[bad][0])
         op.fail(f"target value {value} is outside [0, {classes}) for scores of shape "
                 f"{tuple(scores.shape)}")
 
@@ -238,8 +239,9 @@ class Embedding(Op):
         rows = weight.shape[0]
         if self.padding_idx is not None and not 0 <= self.padding_idx < rows:
             self.fail(f"padding_idx {self.padding_idx} is outside [0, {rows})")
-        if ids.size and (ids.min() < 0 or ids.max() >= rows):
-            bad = int(ids.min()) if ids.min() < 0 else int(ids.max())
+        host_ids = self.backend.to_numpy(ids)    # on the host: a device array has no min()
+        if host_ids.size and (host_ids.min() < 0 or host_ids.max() >= rows):
+            bad = int(host_ids.min()) if host_ids.min() < 0 else int(host_ids.max())
             self.fail(f"id {bad} is outside [0, {rows}) for weight of shape {tuple(weight.shape)}")
         self.saved = (rows, ids)
         return self.backend.embedding(weight, ids)
