@@ -21,7 +21,7 @@ from .autograd import (
 from .random import manual_seed
 from .tensor import Tensor, cat, stack, where
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "Tensor",
