@@ -55,6 +55,7 @@ import time
 from collections import defaultdict
 
 import numpy as np
+from timing import THREAD_ENV, cpu_model, cpu_seconds, others_note, run_alternating, set_threads
 
 import tinygrad_attn as ta
 from tinygrad_attn.compiler import available_devices, get_backend
@@ -79,15 +80,6 @@ NOISY = ("* varied more than 1.5x between repeats: compare with care (other proc
 # ---------------------------------------------------------------- machine
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def blas_name() -> str:
@@ -98,31 +90,10 @@ def blas_name() -> str:
         return "unknown BLAS"
 
 
-THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def _cpu_seconds() -> tuple[float, float, float] | None:
-    """(machine busy CPU-seconds, this process's CPU-seconds, wall time), or None off Linux."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(n) for n in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    busy = sum(fields) - fields[3] - fields[4]          # all but idle and iowait
-    own = os.times()
-    return busy / os.sysconf("SC_CLK_TCK"), own.user + own.system, time.perf_counter()
 
 
-def others_note(since, when: str) -> None:
-    """How much CPU other processes took: on a machine with few cores they make the
-    multi-threaded BLAS/OpenMP pools stall at their barriers, inflating timings erratically."""
-    now = _cpu_seconds()
-    if since is None or now is None:
-        return
-    wall = now[2] - since[2]
-    others = max(0.0, (now[0] - since[0]) - (now[1] - since[1])) / (wall * (os.cpu_count() or 1))
-    print(f"other processes used {100 * others:.0f}% of the machine's CPU {when}"
-          + ("  <- expect noisy, inflated timings (try --threads 1)" if others > 0.15 else ""))
 
 
 def print_machine(threads_flag: int | None) -> None:
@@ -138,48 +109,18 @@ def print_machine(threads_flag: int | None) -> None:
     malloc = {k: v for k, v in os.environ.items() if k.startswith("MALLOC_")}
     if malloc:
         print(f"glibc malloc tuning from the environment: {malloc}")
-    since = _cpu_seconds()
+    since = cpu_seconds()
     time.sleep(1.0)
     others_note(since, "in the second before timing")
 
 
-def set_threads(n: int) -> None:
-    """Pin OpenBLAS, OpenMP (torch, numba) and MKL to ``n`` threads: the BLAS pools read their
-    size when they load, so the script re-executes itself with the variables set."""
-    wanted = {k: str(n) for k in THREAD_ENV}
-    if any(os.environ.get(k) != v for k, v in wanted.items()):
-        os.environ.update(wanted)
-        os.execv(sys.executable, [sys.executable] + sys.argv)
-    if torch is not None:
-        torch.set_num_threads(n)
 
 
 # ---------------------------------------------------------------- timing
 
 
-def calibrate(step, budget_s: float) -> int:
-    """Calls per measurement so that one measurement takes about ``budget_s``."""
-    step()
-    step()                                 # warm: allocator, BLAS threads, torch dispatch
-    t0 = time.perf_counter()
-    step()
-    elapsed = time.perf_counter() - t0
-    return max(1, round(budget_s / max(elapsed, 1e-9)))
 
 
-def run_alternating(contenders: dict, repeats: int, budget_s: float) -> dict[str, list[float]]:
-    """ms per call of each contender, one measurement per contender per repeat, alternating."""
-    numbers = {name: calibrate(step, budget_s) for name, step in contenders.items()}
-    times: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(repeats):
-        for name, step in contenders.items():
-            step()                         # warm after the other contenders ran
-            n = numbers[name]
-            t0 = time.perf_counter()
-            for _ in range(n):
-                step()
-            times[name].append((time.perf_counter() - t0) / n * 1e3)
-    return times
 
 
 def rel_err(ours: np.ndarray, ref: np.ndarray) -> float:
@@ -659,13 +600,13 @@ def main() -> None:
     repeats = args.repeats or (3 if args.quick else 7)
     budget_s = 0.08 if args.quick else 0.3
     if args.threads:
-        set_threads(args.threads)
+        set_threads(args.threads, torch)
 
     if args.one:
         one_contender(args.one, tuple(int(n) for n in args.shape.split(",")), repeats, budget_s)
         return
     print_machine(args.threads)
-    since = _cpu_seconds()
+    since = cpu_seconds()
     if args.isolated:
         if torch is None:
             sys.exit("--isolated compares with PyTorch, which is not installed")

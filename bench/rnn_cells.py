@@ -34,6 +34,7 @@ import sys
 import time
 
 import numpy as np
+from timing import THREAD_ENV, calibrate, cpu_model, cpu_seconds, others_note, run_alternating, set_threads
 
 import tinygrad_attn.functional as F
 from tinygrad_attn import Tensor
@@ -52,51 +53,14 @@ NOISY = "* varied more than 1.5x between repeats: compare with care (other proce
 # ---------------------------------------------------------------- machine
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
-def _cpu_seconds() -> tuple[float, float, float] | None:
-    """(machine busy CPU-seconds, this process's CPU-seconds, wall time), or None off Linux."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(n) for n in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    own = os.times()
-    busy = sum(fields) - fields[3] - fields[4]                       # all but idle and iowait
-    return busy / os.sysconf("SC_CLK_TCK"), own.user + own.system, time.perf_counter()
 
 
-def others_note(since, when: str) -> None:
-    now = _cpu_seconds()
-    if since is None or now is None:
-        return
-    wall = now[2] - since[2]
-    others = max(0.0, (now[0] - since[0]) - (now[1] - since[1])) / (wall * (os.cpu_count() or 1))
-    print(f"other processes used {100 * others:.0f}% of the machine's CPU {when}"
-          + ("  <- expect noisy, inflated timings" if others > 0.15 else ""))
 
 
-THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 
 
-def set_threads(n: int) -> None:
-    """Pin OpenBLAS, OpenMP (torch, numba) and MKL to ``n`` threads: the pools read their size
-    when they load, so the script re-executes itself with the variables set."""
-    wanted = {k: str(n) for k in THREAD_ENV}
-    if any(os.environ.get(k) != v for k, v in wanted.items()):
-        os.environ.update(wanted)
-        os.execv(sys.executable, [sys.executable] + sys.argv)
-    if torch is not None:
-        torch.set_num_threads(n)
 
 
 def print_machine() -> None:
@@ -207,27 +171,8 @@ def agrees(name: str, ours_leaves: dict, torch_leaves: dict) -> bool:
 # ---------------------------------------------------------------- timing
 
 
-def calibrate(step, budget_s: float) -> int:
-    for _ in range(3):
-        step()                                                       # warm: compile, allocator
-    t0 = time.perf_counter()
-    step()
-    return max(1, round(budget_s / max(time.perf_counter() - t0, 1e-9)))
 
 
-def run_alternating(contenders: dict, repeats: int, budget_s: float) -> dict[str, list[float]]:
-    """us per call of each contender, one measurement per contender per repeat, alternating."""
-    numbers = {name: calibrate(step, budget_s) for name, step in contenders.items()}
-    times: dict[str, list[float]] = {name: [] for name in contenders}
-    for _ in range(repeats):
-        for name, step in contenders.items():
-            step()
-            n = numbers[name]
-            t0 = time.perf_counter()
-            for _ in range(n):
-                step()
-            times[name].append((time.perf_counter() - t0) / n * 1e6)
-    return times
 
 
 def bench_cells(repeats: int, budget_s: float) -> None:
@@ -247,7 +192,7 @@ def bench_cells(repeats: int, budget_s: float) -> None:
                     contenders[name]()
                     if not agrees(name, leaves[name], torch_leaves):
                         sys.exit("ours and torch disagree: not timing different computations")
-            times = run_alternating(contenders, repeats, budget_s)
+            times = run_alternating(contenders, repeats, budget_s, unit=1e6)
             rows.append((kind, batch, hidden, times))
 
     print(f"\n{repeats} repeats, medians of us per forward+backward step (float32)"
@@ -322,9 +267,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="pin every thread pool to this many threads")
     args = parser.parse_args()
     if args.threads:
-        set_threads(args.threads)
+        set_threads(args.threads, torch)
     print_machine()
-    since = _cpu_seconds()
+    since = cpu_seconds()
     if torch is None:
         print("note: PyTorch is not installed (`pip install torch==2.13.0`); timing ours only")
     if args.threshold:
