@@ -101,8 +101,9 @@ def _softmax_back_row(r, y, dy, dx):
 
 
 @njit(cache=True, fastmath=FAST)
-def _log_softmax_row(r, x, out):
-    row, y = x[r], out[r]
+def _row_logsumexp(row):
+    """log(sum(exp(row))), shifted by the row max so exp never overflows.  A row with
+    nothing finite gives 0 (not NaN): x - 0 = -inf is then the log of softmax's zeros."""
     m = _like(row[0], -np.inf)
     for j in range(row.shape[0]):
         m = max(m, row[j])
@@ -111,8 +112,13 @@ def _log_softmax_row(r, x, out):
     total = 0.0
     for j in range(row.shape[0]):
         total += _exp(row[j] - m)
-    # An all -inf row has m = 0 and total = 0: y = x - 0 = -inf, the log of softmax's zeros.
-    lse = m + math.log(total) if total > 0 else m
+    return m + math.log(total) if total > 0 else m
+
+
+@njit(cache=True, fastmath=FAST)
+def _log_softmax_row(r, x, out):
+    row, y = x[r], out[r]
+    lse = _row_logsumexp(row)
     for j in range(row.shape[0]):
         y[j] = row[j] - lse
 
@@ -131,13 +137,7 @@ def _log_softmax_back_row(r, y, dy, dx):
 @njit(cache=True, fastmath=FAST)
 def _cross_entropy_row(r, logits, target, ignore_index, loss, lse):
     row = logits[r]
-    m = _like(row[0], -np.inf)
-    for j in range(row.shape[0]):
-        m = max(m, row[j])
-    total = 0.0
-    for j in range(row.shape[0]):
-        total += _exp(row[j] - m)
-    lse[r] = m + math.log(total)
+    lse[r] = _row_logsumexp(row)
     loss[r] = lse[r] - row[target[r]] if target[r] != ignore_index else 0.0
 
 

@@ -11,7 +11,7 @@ sigmoid and tanh come from ``numba_support``: polynomials that vectorise for flo
 for float64 (whose results equal the reference's to rounding).
 
 Recurrent cells are often tiny (a seq2seq decoder step at B=8, H=32 is 256 entries, about
-2 us of float32 work), and waking Numba's threads costs 1.5 to 55 us depending on the
+2 us of float32 work), and waking Numba's threads costs ~9 to ~55 us depending on the
 thread pool, so each kernel has a serial driver and a ``prange`` driver over batch rows,
 chosen by size, dtype and pool (``PARALLEL_MIN_ENTRIES``).
 
@@ -31,7 +31,7 @@ __all__ = ["KERNELS", "PARALLEL_MIN_ENTRIES"]
 
 # B * H from which the prange drivers run, by thread pool and dtype; measured with
 # bench/rnn_cells.py --threshold on 2 Zen 4 cores.  OpenMP with passive waiting (or TBB)
-# starts a parallel kernel in ~1.5 us, "workqueue" in ~55 us.  float64 pays libm's exp and
+# starts a parallel kernel in ~9 us here, "workqueue" in ~55 us.  float64 pays libm's exp and
 # tanh (~10x float32's polynomials), so a second core pays off at smaller sizes.
 PARALLEL_MIN_ENTRIES = {
     "omp": {"float32": 8192, "float64": 2048},

@@ -310,8 +310,11 @@ def scaled_dot_product(q: Tensor, k: Tensor, v: Tensor, mask=None, causal: bool 
         need_weights: return the weights (else None).  With ``need_weights=False`` and no
             dropout the weights are never built: the call runs as one fused node,
             ``ta.ops.ScaledDotProduct`` (flash-attention style: blocks, an online softmax,
-            only each row's log-sum-exp kept for backward), which is also the faster path.
-            Otherwise the graph is the textbook one: scores, ``MaskedSoftmax``, product.
+            only each row's log-sum-exp kept for backward), so memory stays that of q, k, v.
+            On the cpu device its forward is faster than the textbook graph, but forward and
+            backward together measured 1.1-1.2x slower at T = 512 and 1024, since backward
+            rebuilds the weights (bench/RESULTS.md).  Otherwise the graph is the textbook
+            one: scores, ``MaskedSoftmax``, product.
 
     Returns:
         (context (..., [T_q,] d_v), weights (..., [T_q,] T_k) or None)
