@@ -221,13 +221,18 @@ def _lstm_hidden_back_parallel(act, dh, dgates, dc):
 # ---------------------------------------------------------------- kernels (the reference's signatures)
 
 
+_POOL: list = []                  # the thread pool's name, once numba has started one
+
+
 def _use_prange(entries: int, dtype) -> bool:
-    try:
-        layer = numba.threading_layer()
-    except ValueError:            # no pool yet: it starts with the first parallel kernel
-        layer = "workqueue"
-    thresholds = PARALLEL_MIN_ENTRIES["workqueue" if layer == "workqueue" else "omp"]
-    return entries >= thresholds[dtype.name]
+    if not _POOL:
+        try:
+            _POOL.append("workqueue" if numba.threading_layer() == "workqueue" else "omp")
+        except ValueError:        # no pool yet: it starts with the first parallel kernel
+            pass
+    thresholds = PARALLEL_MIN_ENTRIES[_POOL[0] if _POOL else "workqueue"]
+    # itemsize, not dtype.name: the name is rebuilt on every access (~30 us, per gate kernel).
+    return entries >= thresholds["float32" if dtype.itemsize == 4 else "float64"]
 
 
 def _driver(out, serial, parallel):

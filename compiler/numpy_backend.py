@@ -160,7 +160,7 @@ def where(cond, a, b):
 
 
 def sum(x, axis, keepdims):  # noqa: A001
-    return np.sum(x, axis=axis, keepdims=keepdims)
+    return x.sum(axis=axis, keepdims=keepdims)
 
 
 def sum_to(x, shape):
@@ -197,7 +197,9 @@ def max_back(x, y_keep, dy_keep):
 
 
 def reshape(x, shape):
-    return np.reshape(x, shape)
+    # The method, not np.reshape: the function's dispatch wrapper costs ~2 us a call, and a
+    # training step reshapes hundreds of small arrays.
+    return x.reshape(shape)
 
 
 def permute(x, axes):
@@ -225,8 +227,13 @@ def cat(xs, axis):
 
 def split(x, sizes, axis):
     """Inverse of cat: pieces of ``x`` along ``axis`` with the given sizes."""
-    bounds = np.cumsum(sizes)[:-1]
-    return [np.asarray(p, order="C") for p in np.split(x, bounds, axis=axis)]
+    index = [slice(None)] * x.ndim
+    pieces, start = [], 0
+    for size in sizes:            # plain slices: np.split's generality costs ~10 us a call
+        index[axis] = slice(start, start + size)
+        pieces.append(np.ascontiguousarray(x[tuple(index)]))
+        start += size
+    return pieces
 
 
 def stack(xs, axis):
@@ -243,12 +250,12 @@ def matmul(a, b):
 def matmul_nt(a, b):
     """a @ b^T over the last two axes.  The transpose is a view: BLAS reads it in place
     (a transposed operand is just a flag to GEMM), so no copy of b is made."""
-    return np.matmul(a, np.swapaxes(b, -1, -2))
+    return a @ b.swapaxes(-1, -2)
 
 
 def matmul_tn(a, b):
     """a^T @ b over the last two axes, reading a^T in place (see matmul_nt)."""
-    return np.matmul(np.swapaxes(a, -1, -2), b)
+    return a.swapaxes(-1, -2) @ b
 
 
 # ---------------------------------------------------------------- softmax family
