@@ -46,6 +46,7 @@ __all__ = [
     "general",
     "concat",
     "additive",
+    "keys_projection",
     "scaled_dot_product",
     "multi_head",
     "graph",
@@ -233,7 +234,7 @@ def general(query: Tensor, keys: Tensor, W: Tensor, values: Tensor | None = None
 
 
 def concat(query: Tensor, keys: Tensor, W: Tensor, v: Tensor, values: Tensor | None = None,
-           mask=None):
+           mask=None, *, keys_proj: Tensor | None = None):
     """Luong's concat attention: ``score(s, h_j) = v . tanh(W [s; h_j])`` (Luong et al. 2015).
 
     ``W [s; h] = W_s s + W_h h`` with ``W = [W_s | W_h]`` split by columns, so it runs as the
@@ -245,6 +246,8 @@ def concat(query: Tensor, keys: Tensor, W: Tensor, v: Tensor, values: Tensor | N
         keys: (..., T_k, d_k).
         W: (d_a, d_q + d_k) and v: (d_a,), learned.
         values, mask: as in ``dot``.
+        keys_proj: ``W_h h_j`` for every key (..., T_k, d_a), computed once by the caller
+            (``keys_projection``); as in ``additive``.
     """
     fname = "concat"
     with scope(SCOPES[fname]):
@@ -256,13 +259,15 @@ def concat(query: Tensor, keys: Tensor, W: Tensor, v: Tensor, values: Tensor | N
             _fail(fname, f"W {W.shape} must have d_q + d_k = {d_q} + {d_k} = {d_q + d_k} columns "
                          f"for query {query.shape} and keys {keys.shape}")
         q_proj = functional.linear(call.query, W[:, :d_q])                   # (..., T_q, d_a)
-        k_proj = functional.linear(keys, W[:, d_q:])                         # (..., T_k, d_a)
-        scores = AdditiveScores.apply(q_proj, k_proj, v)                     # (..., T_q, T_k)
+        if keys_proj is None:
+            keys_proj = functional.linear(keys, W[:, d_q:])                  # (..., T_k, d_a)
+        _check_keys_proj(fname, keys_proj, keys, W.shape[0])
+        scores = AdditiveScores.apply(q_proj, keys_proj, v)                  # (..., T_q, T_k)
         return call.finish(scores)
 
 
 def additive(query: Tensor, keys: Tensor, W_q: Tensor, W_k: Tensor, v: Tensor,
-             values: Tensor | None = None, mask=None):
+             values: Tensor | None = None, mask=None, *, keys_proj: Tensor | None = None):
     """Bahdanau's additive attention: ``score(s, h_j) = v . tanh(W_q s + W_k h_j)``.
 
     Bahdanau et al. 2015 score the *previous* decoder state s_{i-1}; which state to pass is
@@ -274,6 +279,9 @@ def additive(query: Tensor, keys: Tensor, W_q: Tensor, W_k: Tensor, v: Tensor,
         keys: (..., T_k, d_k).
         W_q: (d_a, d_q), W_k: (d_a, d_k), v: (d_a,), learned.
         values, mask: as in ``dot``.
+        keys_proj: ``W_k h_j`` for every key (..., T_k, d_a), computed once by the caller
+            (``keys_projection``): a decoder that scores each of its steps against the same
+            encoder states passes it so they are projected once per sequence, not per step.
 
     Example:
         >>> context, weights = ta.attention.additive(s_prev, H, W_q, W_k, v, mask=src != 0)
@@ -285,9 +293,32 @@ def additive(query: Tensor, keys: Tensor, W_q: Tensor, W_k: Tensor, v: Tensor,
         v = _check_weight(fname, v, "v", (W_q.shape[0],))
         call = _Layout(fname, query, keys, values, mask, d_q=W_q.shape[1], d_k=W_k.shape[1])
         q_proj = functional.linear(call.query, W_q)                          # (..., T_q, d_a)
-        k_proj = functional.linear(keys, W_k)                                # (..., T_k, d_a)
-        scores = AdditiveScores.apply(q_proj, k_proj, v)                     # (..., T_q, T_k)
+        if keys_proj is None:
+            keys_proj = functional.linear(keys, W_k)                         # (..., T_k, d_a)
+        _check_keys_proj(fname, keys_proj, keys, W_q.shape[0])
+        scores = AdditiveScores.apply(q_proj, keys_proj, v)                  # (..., T_q, T_k)
         return call.finish(scores)
+
+
+def keys_projection(keys: Tensor, W_k: Tensor) -> Tensor:
+    """``W_k h_j`` for every key h_j: (..., T_k, d_k) -> (..., T_k, d_a), the part of an
+    additive or concat score that does not depend on the query.  Pass it as ``keys_proj``
+    (for ``concat`` with ``W_k = W[:, d_q:]``).
+
+    Example:
+        >>> keys_proj = ta.attention.keys_projection(H, W_k)       # once per source sentence
+        >>> for s in decoder_states:
+        ...     context, weights = ta.attention.additive(s, H, W_q, W_k, v, keys_proj=keys_proj)
+    """
+    return functional.linear(keys, W_k)                                      # (..., T_k, d_a)
+
+
+def _check_keys_proj(fname: str, keys_proj: Tensor, keys: Tensor, d_a: int) -> None:
+    expected = keys.shape[:-1] + (d_a,)
+    if not isinstance(keys_proj, Tensor) or keys_proj.shape != expected:
+        shape = keys_proj.shape if isinstance(keys_proj, Tensor) else type(keys_proj).__name__
+        _fail(fname, f"keys_proj must be the keys' projection {expected} (keys {keys.shape}, "
+                     f"d_a = {d_a}), got {shape}")
 
 
 def scaled_dot_product(q: Tensor, k: Tensor, v: Tensor, mask=None, causal: bool = False,

@@ -113,7 +113,7 @@ def embedding(ids, weight: Tensor, padding_idx: int | None = None) -> Tensor:
 # ---------------------------------------------------------------- recurrent cells
 
 
-def _cell_shapes(what: str, gates: int, x: Tensor, states: tuple, w_ih: Tensor, w_hh: Tensor,
+def check_cell(what: str, gates: int, x: Tensor, states: tuple, w_ih: Tensor, w_hh: Tensor,
                  b_ih: Tensor | None, b_hh: Tensor | None) -> None:
     """Check a cell's arguments against PyTorch's layout, naming the function in errors."""
     def shapes() -> str:
@@ -172,7 +172,13 @@ def gru_cell(x: Tensor, h: Tensor | None, w_ih: Tensor, w_hh: Tensor, b_ih: Tens
     """
     if h is None:
         h = Tensor.zeros(*x.shape[:-1], w_hh.shape[-1], dtype=x.dtype, device=x.device)
-    _cell_shapes("gru_cell", 3, x, (("h", h),), w_ih, w_hh, b_ih, b_hh)
+    check_cell("gru_cell", 3, x, (("h", h),), w_ih, w_hh, b_ih, b_hh)
+    return gru_step(x, h, w_ih, w_hh, b_ih, b_hh)
+
+
+def gru_step(x: Tensor, h: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None,
+             b_hh: Tensor | None) -> Tensor:
+    """``gru_cell`` without its argument checks, for layers that check once per sequence."""
     gi = _affine(x, w_ih, b_ih)                                      # (..., 3H)
     gh = _affine(h, w_hh, b_hh)                                      # (..., 3H)
     return GRUGates.apply(gi, gh, h)
@@ -211,7 +217,21 @@ def lstm_cell(x: Tensor, hx: tuple[Tensor, Tensor] | None, w_ih: Tensor, w_hh: T
         zeros = Tensor.zeros(*x.shape[:-1], w_hh.shape[-1], dtype=x.dtype, device=x.device)
         hx = (zeros, zeros)
     h, c = hx
-    _cell_shapes("lstm_cell", 4, x, (("h", h), ("c", c)), w_ih, w_hh, b_ih, b_hh)
+    check_cell("lstm_cell", 4, x, (("h", h), ("c", c)), w_ih, w_hh, b_ih, b_hh)
+    return lstm_step(x, h, c, w_ih, w_hh, b_ih, b_hh)
+
+
+def lstm_step(x: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None,
+              b_hh: Tensor | None) -> tuple[Tensor, Tensor]:
+    """``lstm_cell`` without its argument checks, for layers that check once per sequence."""
     gates = _affine(x, w_ih, b_ih) + _affine(h, w_hh, b_hh)          # (..., 4H)
     c_next = LSTMCellState.apply(gates, c)                           # (..., H)
     return LSTMHidden.apply(gates, c_next), c_next
+
+
+def rnn_step(x: Tensor, h: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None,
+             b_hh: Tensor | None, nonlinearity: str = "tanh") -> Tensor:
+    """One Elman RNN step, as ``torch.nn.RNNCell``: h' = f(x W_ih^T + b_ih + h W_hh^T + b_hh),
+    f = tanh or relu (the seeds' SimpleRNN is the tanh one).  No argument checks."""
+    pre = _affine(x, w_ih, b_ih) + _affine(h, w_hh, b_hh)            # (..., H)
+    return pre.tanh() if nonlinearity == "tanh" else pre.relu()

@@ -69,8 +69,13 @@ class ConcatAttention(Module):
         self.W = Parameter(init.linear_default((attn_dim, fan_in), fan_in))
         self.v = Parameter(init.linear_default((attn_dim,), attn_dim))
 
-    def forward(self, query: Tensor, keys: Tensor, values: Tensor | None = None, mask=None):
-        return attention.concat(query, keys, self.W, self.v, values, mask)
+    def forward(self, query: Tensor, keys: Tensor, values: Tensor | None = None, mask=None,
+                keys_proj: Tensor | None = None):
+        return attention.concat(query, keys, self.W, self.v, values, mask, keys_proj=keys_proj)
+
+    def keys_projection(self, keys: Tensor) -> Tensor:
+        """W_h h_j for every key (W's key columns), to pass as ``keys_proj``."""
+        return attention.keys_projection(keys, self.W[:, self.query_dim:])
 
     def extra_repr(self) -> str:
         return f"query_dim={self.query_dim}, key_dim={self.key_dim}, attn_dim={self.attn_dim}"
@@ -92,8 +97,14 @@ class AdditiveAttention(Module):
         self.W_k = Parameter(init.linear_default((attn_dim, key_dim), key_dim))
         self.v = Parameter(init.linear_default((attn_dim,), attn_dim))
 
-    def forward(self, query: Tensor, keys: Tensor, values: Tensor | None = None, mask=None):
-        return attention.additive(query, keys, self.W_q, self.W_k, self.v, values, mask)
+    def forward(self, query: Tensor, keys: Tensor, values: Tensor | None = None, mask=None,
+                keys_proj: Tensor | None = None):
+        return attention.additive(query, keys, self.W_q, self.W_k, self.v, values, mask,
+                                  keys_proj=keys_proj)
+
+    def keys_projection(self, keys: Tensor) -> Tensor:
+        """W_k h_j for every key, to pass as ``keys_proj`` when many queries meet the same keys."""
+        return attention.keys_projection(keys, self.W_k)
 
     def extra_repr(self) -> str:
         return f"query_dim={self.query_dim}, key_dim={self.key_dim}, attn_dim={self.attn_dim}"

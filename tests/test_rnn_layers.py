@@ -1,0 +1,224 @@
+"""nn layers against PyTorch: Embedding, Dropout, LayerNorm, the recurrent cells and the
+RNN/GRU/LSTM layers (state_dict keys both ways, outputs, final states and gradients), masks
+against packed sequences, and step() against unroll()."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import tinygrad_attn as ta
+from tinygrad_attn import Tensor, nn
+
+torch = pytest.importorskip(
+    "torch",
+    reason="PyTorch not installed: the PyTorch reference tests need `pip install torch==2.13.0`",
+)
+
+LAYERS = ["RNN", "GRU", "LSTM"]
+
+
+def _engine_grads(module) -> dict:
+    return {name: p.grad.numpy() for name, p in module.named_parameters()}
+
+
+def _torch_grads(module) -> dict:
+    return {name: p.grad.numpy() for name, p in module.named_parameters()}
+
+
+def _assert_same_grads(ours: dict, theirs: dict, atol: float) -> None:
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        np.testing.assert_allclose(ours[name], theirs[name], atol=atol, err_msg=name)
+
+
+@pytest.mark.parametrize("kind", LAYERS)
+@pytest.mark.parametrize("layers,bidirectional", [(1, False), (2, False), (1, True), (2, True)])
+def test_layer_matches_torch_outputs_states_and_grads(kind, layers, bidirectional):
+    ta.manual_seed(1)
+    ours = getattr(nn, kind)(5, 7, num_layers=layers, bidirectional=bidirectional).double()
+    theirs = getattr(torch.nn, kind)(5, 7, num_layers=layers, bidirectional=bidirectional,
+                                     batch_first=True).double()
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    ours.load_state_dict(theirs.state_dict())
+    x = np.random.default_rng(0).standard_normal((3, 4, 5))
+    out, h_n = ours(Tensor(x, dtype=np.float64))
+    t_out, t_h = theirs(torch.tensor(x))
+    if kind == "LSTM":
+        (h_n, c_n), (t_h, t_c) = h_n, t_h
+        np.testing.assert_allclose(c_n.numpy(), t_c.detach().numpy(), atol=1e-12)
+    np.testing.assert_allclose(out.numpy(), t_out.detach().numpy(), atol=1e-12)
+    np.testing.assert_allclose(h_n.numpy(), t_h.detach().numpy(), atol=1e-12)
+    weights = np.random.default_rng(2).standard_normal(out.shape)
+    ((out * Tensor(weights, dtype=np.float64)).sum() + (h_n * h_n).sum()).backward()
+    ((t_out * torch.tensor(weights)).sum() + (t_h * t_h).sum()).backward()
+    _assert_same_grads(_engine_grads(ours), _torch_grads(theirs), atol=1e-10)
+
+
+@pytest.mark.parametrize("kind", LAYERS)
+def test_weights_load_into_torch_and_give_its_output(kind):
+    ta.manual_seed(3)
+    ours = getattr(nn, kind)(4, 6, num_layers=2).double()
+    theirs = getattr(torch.nn, kind)(4, 6, num_layers=2, batch_first=True).double()
+    theirs.load_state_dict({k: torch.from_numpy(v) for k, v in ours.state_dict().items()})
+    x = np.random.default_rng(1).standard_normal((2, 5, 4))
+    np.testing.assert_allclose(ours(Tensor(x, dtype=np.float64))[0].numpy(),
+                               theirs(torch.tensor(x))[0].detach().numpy(), atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", LAYERS)
+def test_initial_state_and_time_major_layout(kind):
+    ta.manual_seed(4)
+    ours = getattr(nn, kind)(3, 4, batch_first=False).double()
+    theirs = getattr(torch.nn, kind)(3, 4).double()
+    ours.load_state_dict(theirs.state_dict())
+    rng = np.random.default_rng(5)
+    x, h0, c0 = rng.standard_normal((6, 2, 3)), rng.standard_normal((1, 2, 4)), rng.standard_normal((1, 2, 4))
+    if kind == "LSTM":
+        hx = (Tensor(h0, dtype=np.float64), Tensor(c0, dtype=np.float64))
+        t_hx = (torch.tensor(h0), torch.tensor(c0))
+    else:
+        hx, t_hx = Tensor(h0, dtype=np.float64), torch.tensor(h0)
+    np.testing.assert_allclose(ours(Tensor(x, dtype=np.float64), hx)[0].numpy(),
+                               theirs(torch.tensor(x), t_hx)[0].detach().numpy(), atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", LAYERS)
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_mask_matches_packed_sequences(kind, bidirectional):
+    # Right-padded rows: the masked layer must give what PyTorch gives on packed sequences
+    # (zeros at padded outputs, final states taken at each row's last real token).
+    ta.manual_seed(6)
+    ours = getattr(nn, kind)(3, 5, bidirectional=bidirectional).double()
+    theirs = getattr(torch.nn, kind)(3, 5, bidirectional=bidirectional, batch_first=True).double()
+    ours.load_state_dict(theirs.state_dict())
+    lengths = np.array([6, 2, 4])
+    x = np.random.default_rng(7).standard_normal((3, 6, 3))
+    mask = np.arange(6)[None, :] < lengths[:, None]
+    out, h_n = ours(Tensor(x, dtype=np.float64), mask=mask)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(torch.tensor(x), torch.tensor(lengths),
+                                                     batch_first=True, enforce_sorted=False)
+    t_out, t_h = theirs(packed)
+    t_out, _ = torch.nn.utils.rnn.pad_packed_sequence(t_out, batch_first=True, total_length=6)
+    if kind == "LSTM":
+        h_n, t_h = h_n[0], t_h[0]
+    np.testing.assert_allclose(out.numpy(), t_out.detach().numpy(), atol=1e-12)
+    np.testing.assert_allclose(h_n.numpy(), t_h.detach().numpy(), atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", LAYERS)
+def test_step_equals_unroll(kind):
+    ta.manual_seed(8)
+    layer = getattr(nn, kind)(3, 4, num_layers=2).double()
+    xs = [Tensor(np.random.default_rng(t).standard_normal((2, 1, 3)), dtype=np.float64) for t in range(5)]
+    outputs, _ = layer.unroll(xs)
+    states = None
+    for t, x in enumerate(xs):
+        top, states = layer.step(x, states)
+        np.testing.assert_allclose(top.numpy(), outputs[t].numpy(), atol=1e-14)
+
+
+@pytest.mark.parametrize("kind", ["RNNCell", "GRUCell", "LSTMCell"])
+def test_cells_match_torch(kind):
+    ta.manual_seed(9)
+    ours = getattr(nn, kind)(3, 4).double()
+    theirs = getattr(torch.nn, kind)(3, 4).double()
+    assert list(ours.state_dict()) == list(theirs.state_dict())
+    ours.load_state_dict(theirs.state_dict())
+    x = np.random.default_rng(0).standard_normal((2, 3))
+    h = ours(Tensor(x, dtype=np.float64))
+    t_h = theirs(torch.tensor(x))
+    if kind == "LSTMCell":
+        h, t_h = h[0], t_h[0]
+    np.testing.assert_allclose(h.numpy(), t_h.detach().numpy(), atol=1e-12)
+
+
+def test_initialisation_bounds_are_pytorchs():
+    ta.manual_seed(0)
+    gru = nn.GRU(10, 25)
+    bound = 1 / np.sqrt(25)
+    for name, p in gru.named_parameters():
+        values = p.numpy()
+        assert np.abs(values).max() <= bound, name
+        assert np.abs(values).max() > 0.9 * bound, name         # uniform over the whole range
+
+
+def test_rnn_errors_name_the_layer_and_shapes():
+    gru = nn.GRU(4, 3)
+    with pytest.raises(ta.ShapeError, match=r"GRU: input must be \(B, T, I\) with I = 4, got \(2, 5, 3\)"):
+        gru(Tensor.zeros(2, 5, 3))
+    with pytest.raises(ta.ShapeError, match=r"GRU: initial state must be \(1, 2, 3\)"):
+        gru(Tensor.zeros(2, 5, 4), Tensor.zeros(2, 3))
+    with pytest.raises(ta.ShapeError, match=r"GRU: mask must be boolean \(B, T\) = \(2, 5\)"):
+        gru(Tensor.zeros(2, 5, 4), mask=np.ones((5, 2), bool))
+    with pytest.raises(ValueError, match="bidirectional layer needs the whole sequence"):
+        nn.GRU(4, 3, bidirectional=True).step(Tensor.zeros(2, 4))
+    with pytest.raises(ValueError, match="nonlinearity must be 'tanh' or 'relu'"):
+        nn.RNN(4, 3, nonlinearity="sigmoid")
+
+
+def test_repr_counts_parameters():
+    text = repr(nn.LSTM(4, 3, num_layers=2, bidirectional=True))
+    assert text.startswith("LSTM(4, 3, num_layers=2, bidirectional=True)")
+    assert f"{nn.LSTM(4, 3, num_layers=2, bidirectional=True).num_parameters():,} parameters" in text
+
+
+# ---------------------------------------------------------------- Embedding, Dropout, LayerNorm
+
+
+def test_embedding_matches_torch_and_skips_padding_row():
+    ours = nn.Embedding(6, 3, padding_idx=0).double()
+    assert np.all(ours.weight.numpy()[0] == 0)
+    theirs = torch.nn.Embedding(6, 3, padding_idx=0).double()
+    ours.load_state_dict(theirs.state_dict())
+    ids = np.array([[0, 2, 5], [2, 2, 0]])
+    out = ours(ids)
+    t_out = theirs(torch.tensor(ids))
+    np.testing.assert_allclose(out.numpy(), t_out.detach().numpy())
+    (out * out).sum().backward()
+    (t_out * t_out).sum().backward()
+    np.testing.assert_allclose(ours.weight.grad.numpy(), theirs.weight.grad.numpy())
+    assert np.all(ours.weight.grad.numpy()[0] == 0)
+    with pytest.raises(ValueError, match="padding_idx 7 is outside"):
+        nn.Embedding(6, 3, padding_idx=7)
+
+
+def test_dropout_masks_in_training_and_is_identity_in_eval():
+    ta.manual_seed(0)
+    drop = nn.Dropout(0.5)
+    x = Tensor.ones(2000)
+    y = drop(x).numpy()
+    assert set(np.unique(y)) == {0.0, 2.0}
+    assert 0.4 < np.mean(y == 0) < 0.6
+    drop.eval()
+    assert drop(x) is x
+    with pytest.raises(ValueError, match=r"Dropout: p must be in \[0, 1\]"):
+        nn.Dropout(1.5)
+
+
+@given(st.integers(1, 3), st.integers(2, 6), st.booleans())
+def test_layer_norm_matches_torch(batch, width, affine):
+    rng = np.random.default_rng(batch * 10 + width)
+    ours = nn.LayerNorm(width, elementwise_affine=affine).double()
+    theirs = torch.nn.LayerNorm(width, elementwise_affine=affine).double()
+    if affine:
+        state = {"weight": rng.standard_normal(width), "bias": rng.standard_normal(width)}
+        ours.load_state_dict(state)
+        theirs.load_state_dict({k: torch.tensor(v) for k, v in state.items()})
+    x = rng.standard_normal((batch, 3, width)) * 5 + 2
+    xt = torch.tensor(x, requires_grad=True)
+    xe = Tensor(x, dtype=np.float64, requires_grad=True)
+    cotangent = rng.standard_normal(x.shape)
+    out = ours(xe)
+    t_out = theirs(xt)
+    np.testing.assert_allclose(out.numpy(), t_out.detach().numpy(), atol=1e-10)
+    (out * Tensor(cotangent, dtype=np.float64)).sum().backward()
+    (t_out * torch.tensor(cotangent)).sum().backward()
+    np.testing.assert_allclose(xe.grad.numpy(), xt.grad.numpy(), atol=1e-10)
+    if affine:
+        np.testing.assert_allclose(ours.weight.grad.numpy(), theirs.weight.grad.numpy(), atol=1e-10)
+
+
+def test_layer_norm_checks_the_trailing_shape():
+    with pytest.raises(ta.ShapeError, match=r"LayerNorm\(\(4,\).*input of shape \(2, 3\) must end in \(4,\)"):
+        nn.LayerNorm(4)(Tensor.zeros(2, 3))

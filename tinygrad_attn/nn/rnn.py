@@ -1,0 +1,373 @@
+"""Recurrent cells and layers: RNN (the seeds' SimpleRNN), LSTM and GRU, as PyTorch's.
+
+Parameter names, shapes, gate orders and initialisation (every weight and bias
+U(-1/sqrt(H), 1/sqrt(H))) are PyTorch's, so ``load_state_dict`` takes a PyTorch module's
+state_dict as it is, and the other way round.  GRU and LSTM steps run their elementwise part
+as one fused node (``ta.ops.GRUGates``, ``LSTMCellState``, ``LSTMHidden``).
+
+One difference: the layers default to ``batch_first=True``, (B, T, features), like the rest
+of this engine; pass ``batch_first=False`` for PyTorch's default (T, B, features).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+
+import numpy as np
+
+from .. import functional as F
+from ..autograd import ShapeError, scope
+from ..tensor import Tensor, cat, stack, where
+from . import init
+from .module import Module, Parameter
+
+__all__ = ["RNNCell", "GRUCell", "LSTMCell", "RNN", "GRU", "LSTM"]
+
+_GATES = {"rnn": 1, "gru": 3, "lstm": 4}
+
+
+class _CellBase(Module):
+    kind = "rnn"
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True):
+        super().__init__()
+        gates = _GATES[self.kind]
+        self.input_size, self.hidden_size = input_size, hidden_size
+        bound = 1.0 / math.sqrt(hidden_size)
+        self.weight_ih = Parameter(init.uniform((gates * hidden_size, input_size), bound))
+        self.weight_hh = Parameter(init.uniform((gates * hidden_size, hidden_size), bound))
+        self.bias_ih = Parameter(init.uniform((gates * hidden_size,), bound)) if bias else None
+        self.bias_hh = Parameter(init.uniform((gates * hidden_size,), bound)) if bias else None
+
+    def _weights(self):
+        return self.weight_ih, self.weight_hh, self.bias_ih, self.bias_hh
+
+    def _zeros(self, x: Tensor) -> Tensor:
+        return Tensor.zeros(*x.shape[:-1], self.hidden_size, dtype=x.dtype, device=x.device)
+
+    def extra_repr(self) -> str:
+        return f"{self.input_size}, {self.hidden_size}, bias={self.bias_ih is not None}"
+
+
+class RNNCell(_CellBase):
+    """One Elman step h' = tanh(x W_ih^T + b_ih + h W_hh^T + b_hh) (the seeds' SimpleRNN,
+    ``s = tanh(A [x; s] + b)`` with A split by columns into W_ih and W_hh), as ``torch.nn.RNNCell``.
+
+    Args:
+        input_size, hidden_size: I and H.  bias: learn b_ih and b_hh.
+        nonlinearity: "tanh" or "relu".
+
+    Example:
+        >>> cell = nn.RNNCell(16, 32)
+        >>> h = cell(Tensor.randn(8, 16))             # h0 = zeros: (8, 32)
+        >>> h = cell(Tensor.randn(8, 16), h)
+    """
+
+    kind = "rnn"
+
+    def __init__(self, input_size: int, hidden_size: int, bias: bool = True,
+                 nonlinearity: str = "tanh"):
+        if nonlinearity not in ("tanh", "relu"):
+            raise ValueError(f"RNNCell: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
+        super().__init__(input_size, hidden_size, bias)
+        self.nonlinearity = nonlinearity
+
+    def forward(self, x: Tensor, h: Tensor | None = None) -> Tensor:
+        h = self._zeros(x) if h is None else h
+        F.check_cell("RNNCell", 1, x, (("h", h),), *self._weights())
+        return F.rnn_step(x, h, *self._weights(), self.nonlinearity)
+
+
+class GRUCell(_CellBase):
+    """One GRU step with PyTorch's gates (r, z, n); see ``ta.functional.gru_cell``.
+
+    Example:
+        >>> cell = nn.GRUCell(16, 32)
+        >>> h = cell(Tensor.randn(8, 16))             # (8, 32)
+    """
+
+    kind = "gru"
+
+    def forward(self, x: Tensor, h: Tensor | None = None) -> Tensor:
+        return F.gru_cell(x, h, *self._weights())
+
+
+class LSTMCell(_CellBase):
+    """One LSTM step with PyTorch's gates (i, f, g, o); see ``ta.functional.lstm_cell``.
+
+    Returns (h', c').
+
+    Example:
+        >>> cell = nn.LSTMCell(16, 32)
+        >>> h, c = cell(Tensor.randn(8, 16))          # each (8, 32)
+    """
+
+    kind = "lstm"
+
+    def forward(self, x: Tensor, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+        return F.lstm_cell(x, hx, *self._weights())
+
+
+class _RNNBase(Module):
+    """Stacked, optionally bidirectional recurrent layers, unrolled one node group per step."""
+
+    kind = "rnn"
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = True, dropout: float = 0.0, bidirectional: bool = False):
+        super().__init__()
+        name = type(self).__name__
+        if num_layers < 1 or hidden_size < 1 or input_size < 1:
+            raise ValueError(f"{name}: input_size, hidden_size and num_layers must be positive, got "
+                             f"{input_size}, {hidden_size}, {num_layers}")
+        if not 0.0 <= dropout <= 1.0:
+            raise ValueError(f"{name}: dropout must be in [0, 1], got {dropout}")
+        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        self.batch_first, self.dropout, self.bidirectional = batch_first, float(dropout), bidirectional
+        self.bias = bias
+        gates = _GATES[self.kind]
+        bound = 1.0 / math.sqrt(hidden_size)
+        # PyTorch's order: per layer, per direction: weight_ih, weight_hh, bias_ih, bias_hh.
+        for layer in range(num_layers):
+            width = input_size if layer == 0 else hidden_size * self.num_directions
+            for suffix in self._suffixes(layer):
+                setattr(self, f"weight_ih{suffix}",
+                        Parameter(init.uniform((gates * hidden_size, width), bound)))
+                setattr(self, f"weight_hh{suffix}",
+                        Parameter(init.uniform((gates * hidden_size, hidden_size), bound)))
+                if bias:
+                    setattr(self, f"bias_ih{suffix}", Parameter(init.uniform((gates * hidden_size,), bound)))
+                    setattr(self, f"bias_hh{suffix}", Parameter(init.uniform((gates * hidden_size,), bound)))
+
+    @property
+    def num_directions(self) -> int:
+        return 2 if self.bidirectional else 1
+
+    def _suffixes(self, layer: int) -> list[str]:
+        return [f"_l{layer}", f"_l{layer}_reverse"][: self.num_directions]
+
+    def _weights(self, suffix: str):
+        get = self._parameters.get
+        return (get(f"weight_ih{suffix}"), get(f"weight_hh{suffix}"), get(f"bias_ih{suffix}"),
+                get(f"bias_hh{suffix}"))
+
+    def _step(self, x: Tensor, state, weights):
+        """One cell step; ``state`` is h, or (h, c) for an LSTM."""
+        if self.kind == "gru":
+            return F.gru_step(x, state, *weights)
+        if self.kind == "lstm":
+            return F.lstm_step(x, *state, *weights)
+        return F.rnn_step(x, state, *weights, getattr(self, "nonlinearity", "tanh"))
+
+    # ------------------------------------------------------------ the public layer call
+
+    def forward(self, x: Tensor, hx=None, mask=None):
+        """Run every layer over the whole sequence.
+
+        Args:
+            x: (B, T, I) with batch_first (the default), else (T, B, I).
+            hx: initial state (num_layers * num_directions, B, H), or for an LSTM a pair
+                (h0, c0); None for zeros.
+            mask: optional boolean (B, T), True at real tokens: a padded step leaves the state
+                as it was and outputs zeros, so each direction sees only the real tokens
+                (what PyTorch's packed sequences do, for right-padded batches).
+
+        Returns:
+            (output (B, T, num_directions * H), h_n (num_layers * num_directions, B, H)); for
+            an LSTM, (output, (h_n, c_n)).
+
+        Example:
+            >>> gru = nn.GRU(16, 32, num_layers=2, bidirectional=True)
+            >>> out, h_n = gru(Tensor.randn(8, 10, 16))
+            >>> out.shape, h_n.shape
+            ((8, 10, 64), (4, 8, 32))
+        """
+        name = type(self).__name__
+        if not isinstance(x, Tensor) or x.ndim != 3 or x.shape[-1] != self.input_size:
+            layout = "(B, T, I)" if self.batch_first else "(T, B, I)"
+            shape = x.shape if isinstance(x, Tensor) else type(x).__name__
+            raise ShapeError(f"{name}: input must be {layout} with I = {self.input_size}, got {shape}")
+        steps = x.shape[1] if self.batch_first else x.shape[0]
+        xs = [x[:, t] if self.batch_first else x[t] for t in range(steps)]          # T x (B, I)
+        states = self._initial_states(hx, xs[0])
+        outputs, finals = self.unroll(xs, states, mask)
+        output = stack(outputs, axis=1 if self.batch_first else 0)                # (B, T, D*H)
+        if self.kind == "lstm":
+            return output, (stack([h for h, _ in finals]), stack([c for _, c in finals]))
+        return output, stack(finals)                                              # (L*D, B, H)
+
+    def _initial_states(self, hx, x0: Tensor) -> list | None:
+        """hx as PyTorch lays it out -> one state per (layer, direction), or None for zeros."""
+        if hx is None:
+            return None
+        count = self.num_layers * self.num_directions
+        expected = (count, x0.shape[0], self.hidden_size)
+        pair = hx if self.kind == "lstm" else (hx,)
+        if self.kind == "lstm" and (not isinstance(hx, tuple | list) or len(hx) != 2):
+            raise TypeError(f"{type(self).__name__}: hx must be a pair (h0, c0)")
+        for part in pair:
+            if part.shape != expected:
+                raise ShapeError(f"{type(self).__name__}: initial state must be {expected} "
+                                 f"(num_layers * num_directions, B, H), got {part.shape}")
+        per_slot = [[part[k] for k in range(count)] for part in pair]
+        return [tuple(parts) if self.kind == "lstm" else parts[0] for parts in zip(*per_slot, strict=True)]
+
+    def unroll(self, xs: list[Tensor], states: list | None = None, mask=None):
+        """The layer on a list of per-step inputs, returning per-step outputs: what a model
+        that builds its inputs step by step uses, since slicing one (B, T, ...) tensor per
+        step would cost a full-size gradient per slice in backward.
+
+        Args:
+            xs: T tensors (B, I), or (B, 1, I): any leading axes, the same for every step.
+            states: one initial state per (layer, direction), layer-major (h, or (h, c) for an
+                LSTM), or None for zeros.
+            mask: boolean (B, T), True at real tokens, or None.
+
+        Returns:
+            (outputs: T tensors (B, num_directions * H), finals: the last state of every
+            (layer, direction), layer-major).
+
+        Each step records its nodes under the scope ``t<step>``; the reverse direction of a
+        bidirectional layer under ``t<step>/reverse``.
+        """
+        name = type(self).__name__
+        lead = xs[0].shape[:-1]
+        for t, x_t in enumerate(xs):
+            if x_t.shape != xs[0].shape:
+                raise ShapeError(f"{name}: step {t} has shape {x_t.shape}, step 0 has {xs[0].shape}")
+        keep = self._mask_columns(mask, lead, len(xs))
+        finals = []
+        for layer in range(self.num_layers):
+            if layer > 0 and self.dropout > 0.0 and self.training:
+                xs = [F.dropout(x_t, self.dropout) for x_t in xs]
+            directions = []
+            for d, suffix in enumerate(self._suffixes(layer)):
+                weights = self._weights(suffix)
+                slot = layer * self.num_directions + d
+                state = None if states is None else states[slot]
+                if state is None:
+                    zeros = Tensor.zeros(*lead, self.hidden_size, dtype=xs[0].dtype, device=xs[0].device)
+                    state = (zeros, zeros) if self.kind == "lstm" else zeros
+                if layer == 0 and d == 0:
+                    F.check_cell(name, _GATES[self.kind], xs[0],
+                                 (("h", state[0] if self.kind == "lstm" else state),), *weights)
+                order = range(len(xs) - 1, -1, -1) if d == 1 else range(len(xs))
+                outs: list = [None] * len(xs)
+                for t in order:
+                    with scope(f"t{t}"), (scope("reverse") if d == 1 else nullcontext()):
+                        new = self._step(xs[t], state, weights)
+                        outs[t], state = self._masked(new, state, keep[t])
+                directions.append(outs)
+                finals.append(state)
+            if self.num_directions == 1:
+                xs = directions[0]
+            else:
+                xs = [cat([f, b], axis=-1) for f, b in zip(*directions, strict=True)]   # (B, 2H)
+        return xs, finals
+
+    def step(self, x: Tensor, states: list | None = None):
+        """One time step through every layer of a unidirectional stack: what a decoder uses
+        when each step's input depends on the step before (attention, feeding back its own
+        prediction).
+
+        Args:
+            x: (B, I) the step's input (any leading axes, e.g. (B, 1, I)).
+            states: one state per layer (h, or (h, c) for an LSTM), or None for zeros.
+
+        Returns:
+            (the top layer's output h (B, H), the new states, one per layer).
+
+        Example:
+            >>> decoder = nn.GRU(16, 32, num_layers=2)
+            >>> h, states = decoder.step(Tensor.randn(8, 16))
+            >>> h, states = decoder.step(Tensor.randn(8, 16), states)
+        """
+        if self.bidirectional:
+            raise ValueError(f"{type(self).__name__}.step: a bidirectional layer needs the whole "
+                             f"sequence; call it on (B, T, I) instead")
+        if states is None:
+            zeros = Tensor.zeros(*x.shape[:-1], self.hidden_size, dtype=x.dtype, device=x.device)
+            states = [(zeros, zeros) if self.kind == "lstm" else zeros] * self.num_layers
+        new_states = []
+        for layer in range(self.num_layers):
+            if layer > 0 and self.dropout > 0.0 and self.training:
+                x = F.dropout(x, self.dropout)
+            state = self._step(x, states[layer], self._weights(f"_l{layer}"))
+            new_states.append(state)
+            x = state[0] if self.kind == "lstm" else state
+        return x, new_states
+
+    def _mask_columns(self, mask, lead: tuple, steps: int) -> list:
+        """Per step: None when every row is a real token, else a boolean column shaped like
+        the step's leading axes plus 1, to broadcast over H."""
+        if mask is None:
+            return [None] * steps
+        mask = np.asarray(mask.numpy() if isinstance(mask, Tensor) else mask)
+        batch = int(np.prod(lead))
+        if mask.dtype != np.bool_ or mask.shape != (batch, steps):
+            raise ShapeError(f"{type(self).__name__}: mask must be boolean (B, T) = {(batch, steps)}, "
+                             f"True at real tokens; got {mask.dtype} {mask.shape}")
+        return [None if column.all() else column.reshape(lead + (1,)) for column in mask.T]
+
+    def _masked(self, new, old, keep):
+        """(output, state) of a step: at padded rows the state stays and the output is 0."""
+        h_new = new[0] if self.kind == "lstm" else new
+        if keep is None:
+            return h_new, new
+        if self.kind == "lstm":
+            state = (where(keep, new[0], old[0]), where(keep, new[1], old[1]))
+        else:
+            state = where(keep, new, old)
+        return where(keep, h_new, 0.0), state
+
+    def extra_repr(self) -> str:
+        extras = [f"{self.input_size}, {self.hidden_size}"]
+        if self.num_layers != 1:
+            extras.append(f"num_layers={self.num_layers}")
+        if self.bidirectional:
+            extras.append("bidirectional=True")
+        if not self.batch_first:
+            extras.append("batch_first=False")
+        if self.dropout:
+            extras.append(f"dropout={self.dropout}")
+        return ", ".join(extras)
+
+
+class RNN(_RNNBase):
+    """Stacked Elman RNN layers (tanh or relu), as ``torch.nn.RNN`` (batch_first by default).
+    See ``GRU`` for the arguments and an example."""
+
+    kind = "rnn"
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1,
+                 nonlinearity: str = "tanh", bias: bool = True, batch_first: bool = True,
+                 dropout: float = 0.0, bidirectional: bool = False):
+        if nonlinearity not in ("tanh", "relu"):
+            raise ValueError(f"RNN: nonlinearity must be 'tanh' or 'relu', got {nonlinearity!r}")
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional)
+        self.nonlinearity = nonlinearity
+
+
+class GRU(_RNNBase):
+    """Stacked GRU layers, as ``torch.nn.GRU`` (batch_first by default).
+
+    Args:
+        input_size, hidden_size: I and H.  num_layers: stacked layers.  bias: learn biases.
+        batch_first: inputs and outputs are (B, T, ...) (default True; PyTorch's is False).
+        dropout: on the inputs of every layer but the first, in training mode.
+        bidirectional: a second pass from the last step to the first, outputs concatenated.
+
+    Example:
+        >>> gru = nn.GRU(16, 32)
+        >>> out, h_n = gru(Tensor.randn(8, 10, 16))   # (8, 10, 32), (1, 8, 32)
+    """
+
+    kind = "gru"
+
+
+class LSTM(_RNNBase):
+    """Stacked LSTM layers, as ``torch.nn.LSTM`` (batch_first by default); returns
+    (output, (h_n, c_n)).  See ``GRU`` for the arguments."""
+
+    kind = "lstm"
