@@ -4,7 +4,7 @@ Where PyTorch has the same layer, parameter names, shapes and initialisation are
 so ``layer.load_state_dict(torch_layer.state_dict())`` works.
 """
 
-from . import init
+from . import init, utils
 from .attention import (
     AdditiveAttention,
     ConcatAttention,
@@ -15,14 +15,26 @@ from .attention import (
     MultiHeadAttention,
     ScaledDotProductAttention,
 )
+from .layers import Dropout, Embedding, LayerNorm
 from .linear import Linear
 from .module import Module, Parameter
+from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 
 __all__ = [
     "Module",
     "Parameter",
     "Linear",
+    "Embedding",
+    "Dropout",
+    "LayerNorm",
+    "RNNCell",
+    "GRUCell",
+    "LSTMCell",
+    "RNN",
+    "GRU",
+    "LSTM",
     "init",
+    "utils",
     "DotAttention",
     "GeneralAttention",
     "ConcatAttention",

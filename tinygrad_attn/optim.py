@@ -1,0 +1,431 @@
+"""Optimizers: SGD and Adam with PyTorch's update formulas, updating parameters in place.
+
+    opt = optim.Adam(model.parameters(), lr=1e-3)
+    for src, tgt_in, tgt_out in batches:
+        opt.zero_grad()
+        logits, _ = model(src, tgt_in)                            # (B, T, V)
+        ta.functional.cross_entropy(logits, tgt_out, ignore_index=0).backward()
+        opt.step()
+
+``step()`` works on the raw arrays (``p.data``, ``p.grad.data``) with in-place numpy ufuncs
+into preallocated buffers, so it builds no graph nodes, allocates nothing after a
+parameter's first update, and keeps each parameter's dtype (float32 parameters get float32
+state).  ``p.data`` is read afresh every step, so ``load_state_dict`` or ``astype`` on the
+model (which replace the arrays) are seen; state follows a dtype change.
+
+Parameters on the "cuda" device take a host round trip each step: the parameter and its
+gradient are copied to the host, updated there by the same numpy code (the optimizer state
+lives on the host), and the result is copied back into the same device array.  Correct and
+simple, at the cost of three transfers per parameter per step; a fused numba.cuda kernel
+would avoid them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from .autograd import DTypeError, ShapeError, enable_grad
+from .tensor import Tensor
+
+__all__ = ["Optimizer", "SGD", "Adam"]
+
+
+def _collect_parameters(owner: str, params) -> list[Tensor]:
+    """The parameters as a list, with clear errors for the usual mistakes."""
+    if isinstance(params, Tensor):
+        raise TypeError(f"{owner}: params must be an iterable of Parameters (e.g. "
+                        f"model.parameters()), got a single Tensor of shape {params.shape}; "
+                        f"wrap it in a list")
+    if hasattr(params, "named_parameters"):
+        raise TypeError(f"{owner}: got the module {type(params).__name__} itself; pass "
+                        f"model.parameters()")
+    if isinstance(params, (str, bytes, dict)) or not isinstance(params, Iterable):
+        raise TypeError(f"{owner}: params must be an iterable of Parameters (e.g. "
+                        f"model.parameters()), got {type(params).__name__}")
+    collected = list(params)
+    if not collected:
+        raise ValueError(f"{owner}: got an empty parameter list (a model without parameters, "
+                         f"or a generator that was already used up?)")
+    seen: set[int] = set()
+    for index, p in enumerate(collected):
+        if not isinstance(p, Tensor):
+            raise TypeError(f"{owner}: params[{index}] is a {type(p).__name__}, not a "
+                            f"Parameter or Tensor")
+        if p.dtype.kind != "f":
+            raise DTypeError(f"{owner}: params[{index}] has dtype {p.dtype} (shape {p.shape}); "
+                             f"only float tensors can be optimized")
+        if not p.is_leaf:
+            raise ValueError(f"{owner}: params[{index}] (shape {p.shape}) was made by "
+                             f"{p.node.op_name}; only leaf tensors can be optimized")
+        if id(p) in seen:
+            raise ValueError(f"{owner}: params[{index}] (shape {p.shape}) appears more than "
+                             f"once; it would be updated twice per step")
+        seen.add(id(p))
+    return collected
+
+
+def _check_number(owner: str, name: str, value, low: float = 0.0, below: float | None = None) -> float:
+    """``value`` as a finite float >= low (and < below, when given)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{owner}: {name} must be a number, got {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number) or number < low or (below is not None and number >= below):
+        bound = f"in [{low}, {below})" if below is not None else f">= {low}"
+        raise ValueError(f"{owner}: {name} must be a finite number {bound}, got {value!r}")
+    return number
+
+
+class Optimizer:
+    """Base of the optimizers: the parameters, the learning rate and per-parameter state.
+
+    A subclass names its per-parameter arrays in ``state_arrays``, saves and restores its
+    settings through ``hyperparameters``/``_set_hyperparameters``, and implements
+    ``_update(param, grad, state, scratch)`` on host numpy arrays.  The base class skips
+    parameters without a gradient and handles devices, dtypes and checkpoints.
+
+    Args:
+        params: an iterable of Parameters (or leaf float Tensors), e.g. ``model.parameters()``.
+        lr: the learning rate (>= 0); may be changed between steps (``opt.lr = 1e-4``).
+    """
+
+    state_arrays: tuple[str, ...] = ()
+
+    def __init__(self, params, lr: float):
+        self.params: list[Tensor] = _collect_parameters(type(self).__name__, params)
+        self.lr = lr
+        # Per parameter, None until its first update: {"step": int, name: array or None}.
+        self.state: list[dict | None] = [None] * len(self.params)
+        # Work buffers, not state: never saved, reallocated when a parameter changes dtype.
+        self._scratch: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(self.params)
+
+    @property
+    def lr(self) -> float:
+        return self._lr
+
+    @lr.setter
+    def lr(self, value) -> None:
+        self._lr = _check_number(type(self).__name__, "lr", value)
+
+    def hyperparameters(self) -> dict:
+        """The settings ``state_dict`` saves, by constructor argument name."""
+        return {"lr": self.lr}
+
+    def _set_hyperparameters(self, lr) -> None:
+        self.lr = lr
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear every parameter's gradient: drop it (the default, as PyTorch), or zero it."""
+        for p in self.params:
+            grad = p.grad
+            if grad is None:
+                continue
+            if set_to_none:
+                p.grad = None
+            else:
+                grad.data = grad.backend.zeros(grad.shape, grad.dtype)
+
+    def step(self, closure: Callable | None = None):
+        """Update every parameter that has a gradient, in place.  A parameter whose
+        ``.grad`` is None is skipped, and its state does not advance.
+
+        Args:
+            closure: optional function that recomputes the loss (with gradients enabled)
+                before the update.
+
+        Returns:
+            The closure's loss, or None.
+        """
+        loss = None
+        if closure is not None:
+            with enable_grad():
+                loss = closure()
+        for index, p in enumerate(self.params):
+            grad = p.grad
+            if grad is None:
+                continue
+            data = grad.data
+            g = data if type(data) is np.ndarray else grad.backend.to_numpy(data)
+            data = p.data
+            on_host = type(data) is np.ndarray
+            param = data if on_host else p.backend.to_numpy(data)
+            if g.shape != param.shape:
+                raise ShapeError(f"{type(self).__name__}.step: params[{index}] has shape "
+                                 f"{param.shape} but its gradient has shape {g.shape}")
+            scratch = self._scratch[index]
+            if scratch is None or scratch[0].dtype != param.dtype:
+                scratch = self._prepare(index, param)
+            state = self.state[index]
+            if state is None:
+                state = self.state[index] = self._init_state(param)
+            self._update(param, g, state, scratch)
+            if not on_host:
+                self._write_back(index, data, param)
+        return loss
+
+    def _write_back(self, index: int, device_array, host: np.ndarray) -> None:
+        copy_to_device = getattr(device_array, "copy_to_device", None)
+        if copy_to_device is None:
+            raise TypeError(f"{type(self).__name__}.step: params[{index}] holds a "
+                            f"{type(device_array).__name__}, which cannot be updated in place")
+        copy_to_device(host)
+
+    def _prepare(self, index: int, param: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Allocate work buffers, converting existing state after a dtype change (model.double())."""
+        state = self.state[index]
+        if state is not None:
+            for name in self.state_arrays:
+                array = state[name]
+                if array is not None and array.dtype != param.dtype:
+                    state[name] = array.astype(param.dtype)
+        scratch = (np.empty_like(param), np.empty_like(param))
+        self._scratch[index] = scratch
+        return scratch
+
+    def _init_state(self, param: np.ndarray) -> dict:
+        return {"step": 0, **{name: None for name in self.state_arrays}}
+
+    def _update(self, param: np.ndarray, grad: np.ndarray, state: dict,
+                scratch: tuple[np.ndarray, np.ndarray]) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must implement _update")
+
+    # ------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict:
+        """The hyperparameters and a copy of every parameter's state, as plain values and
+        numpy arrays (``ta.save`` writes it as it is).
+
+        Returns:
+            ``{"optimizer": class name, "hyperparameters": {...}, "state": [a dict, or None
+            before the parameter's first update, per parameter in order]}``.
+
+        Example:
+            >>> ta.save({"model": model, "optimizer": opt.state_dict()}, "ckpt.npz")
+        """
+        state = []
+        for entry in self.state:
+            if entry is None:
+                state.append(None)
+            else:
+                state.append({key: value.copy() if isinstance(value, np.ndarray) else value
+                              for key, value in entry.items()})
+        return {"optimizer": type(self).__name__, "hyperparameters": self.hyperparameters(),
+                "state": state}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore the hyperparameters (lr included) and state that ``state_dict`` saved, so
+        training resumes exactly.  Everything is checked before anything changes.
+
+        Args:
+            state_dict: from ``state_dict()``, possibly through ``ta.save``/``ta.load``; this
+                optimizer must hold parameters of the same shapes in the same order.
+
+        Example:
+            >>> opt.load_state_dict(ta.load("ckpt.npz")["optimizer"])
+        """
+        owner = f"{type(self).__name__}.load_state_dict"
+        keys = ("optimizer", "hyperparameters", "state")
+        if not isinstance(state_dict, dict) or any(key not in state_dict for key in keys):
+            found = sorted(state_dict) if isinstance(state_dict, dict) else type(state_dict).__name__
+            raise ValueError(f"{owner}: expected a dict with keys {list(keys)} (from "
+                             f"state_dict()), got {found}")
+        if state_dict["optimizer"] != type(self).__name__:
+            raise ValueError(f"{owner}: the state is from {state_dict['optimizer']!r}, this "
+                             f"optimizer is {type(self).__name__!r}")
+        saved = list(state_dict["state"])
+        if len(saved) != len(self.params):
+            raise ValueError(f"{owner}: the state has {len(saved)} parameters, this optimizer "
+                             f"holds {len(self.params)}")
+        settings = dict(state_dict["hyperparameters"])
+        if set(settings) != set(self.hyperparameters()):
+            raise ValueError(f"{owner}: hyperparameters {sorted(settings)} do not match "
+                             f"{sorted(self.hyperparameters())}")
+        restored = [self._restore_entry(owner, index, p, entry)
+                    for index, (p, entry) in enumerate(zip(self.params, saved, strict=True))]
+        previous = self.hyperparameters()
+        try:
+            self._set_hyperparameters(**settings)
+        except (TypeError, ValueError):
+            self._set_hyperparameters(**previous)
+            raise
+        self.state = restored
+        self._scratch = [None] * len(self.params)
+
+    def _restore_entry(self, owner: str, index: int, p: Tensor, entry) -> dict | None:
+        if entry is None:
+            return None
+        expected = {"step", *self.state_arrays}
+        if not isinstance(entry, dict) or set(entry) != expected:
+            found = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
+            raise ValueError(f"{owner}: state[{index}] should have keys {sorted(expected)}, "
+                             f"got {found}")
+        restored = {"step": int(entry["step"])}
+        for name in self.state_arrays:
+            value = entry[name]
+            if value is None:
+                restored[name] = None
+                continue
+            array = np.array(value, dtype=p.dtype, copy=True, order="C")
+            if array.shape != p.shape:
+                raise ShapeError(f"{owner}: state[{index}][{name!r}] has shape {array.shape}, "
+                                 f"params[{index}] has shape {p.shape}")
+            restored[name] = array
+        return restored
+
+    def __repr__(self) -> str:
+        settings = ", ".join(f"{key}={value}" for key, value in self.hyperparameters().items())
+        return f"{type(self).__name__}({len(self.params)} parameters, {settings})"
+
+
+class SGD(Optimizer):
+    """Stochastic gradient descent with momentum, as ``torch.optim.SGD``:
+    g = grad + wd*p;  b = mu*b + (1 - dampening)*g (b = g at first);
+    g = g + mu*b if nesterov else b;  p = p - lr*g.
+
+    Args:
+        params: an iterable of Parameters, e.g. ``model.parameters()``.
+        lr: learning rate (>= 0).
+        momentum: momentum factor mu (>= 0; 0 keeps no buffer).
+        dampening: dampening of the gradient's share of the momentum.
+        weight_decay: L2 penalty added to the gradient (>= 0).
+        nesterov: Nesterov momentum (needs momentum > 0 and dampening 0).
+
+    Example:
+        >>> opt = optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        >>> loss.backward(); opt.step(); opt.zero_grad()
+    """
+
+    state_arrays = ("momentum_buffer",)
+
+    def __init__(self, params, lr: float, momentum: float = 0.0, dampening: float = 0.0,
+                 weight_decay: float = 0.0, nesterov: bool = False):
+        super().__init__(params, lr)
+        self._set_hyperparameters(lr, momentum, dampening, weight_decay, nesterov)
+
+    def hyperparameters(self) -> dict:
+        return {"lr": self.lr, "momentum": self.momentum, "dampening": self.dampening,
+                "weight_decay": self.weight_decay, "nesterov": self.nesterov}
+
+    def _set_hyperparameters(self, lr, momentum, dampening, weight_decay, nesterov) -> None:
+        momentum = _check_number("SGD", "momentum", momentum)
+        dampening = _check_number("SGD", "dampening", dampening, low=-math.inf)
+        weight_decay = _check_number("SGD", "weight_decay", weight_decay)
+        if not isinstance(nesterov, (bool, np.bool_)):
+            raise TypeError(f"SGD: nesterov must be True or False, got {nesterov!r}")
+        if nesterov and (momentum == 0.0 or dampening != 0.0):
+            raise ValueError(f"SGD: Nesterov momentum needs momentum > 0 and dampening 0, got "
+                             f"momentum={momentum}, dampening={dampening}")
+        self.lr = lr
+        self.momentum, self.dampening = momentum, dampening
+        self.weight_decay, self.nesterov = weight_decay, bool(nesterov)
+
+    def _update(self, param, grad, state, scratch) -> None:
+        momentum = self.momentum
+        work, extra = scratch
+        d_p = grad
+        if self.weight_decay != 0.0:
+            np.multiply(param, self.weight_decay, out=work)
+            np.add(grad, work, out=work)
+            d_p = work
+        if momentum != 0.0:
+            buf = state["momentum_buffer"]
+            if buf is None:
+                buf = state["momentum_buffer"] = d_p.copy()
+            else:
+                np.multiply(buf, momentum, out=buf)
+                if self.dampening != 0.0:
+                    np.multiply(d_p, 1.0 - self.dampening, out=extra)
+                    np.add(buf, extra, out=buf)
+                else:
+                    np.add(buf, d_p, out=buf)
+            if self.nesterov:
+                np.multiply(buf, momentum, out=extra)
+                np.add(d_p, extra, out=extra)
+                d_p = extra
+            else:
+                d_p = buf
+        state["step"] += 1
+        np.multiply(d_p, -self._lr, out=work)
+        np.add(param, work, out=param)
+
+
+class Adam(Optimizer):
+    """Adam, as ``torch.optim.Adam`` (not amsgrad): g = grad + wd*p;
+    m = lerp(m, g, 1 - beta1);  v = beta2*v + (1 - beta2)*g*g;
+    p = p - lr/(1 - beta1^t) * m / (sqrt(v)/sqrt(1 - beta2^t) + eps).
+
+    Args:
+        params: an iterable of Parameters, e.g. ``model.parameters()``.
+        lr: learning rate (>= 0).
+        betas: decay rates (beta1, beta2) of the gradient's running mean and of its
+            square's, each in [0, 1).
+        eps: added to the denominator for stability (>= 0).
+        weight_decay: L2 penalty added to the gradient (>= 0; not AdamW's decoupled decay).
+
+    Example:
+        >>> opt = optim.Adam(model.parameters(), lr=1e-3)
+        >>> loss.backward(); opt.step(); opt.zero_grad()
+    """
+
+    state_arrays = ("exp_avg", "exp_avg_sq")
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0):
+        super().__init__(params, lr)
+        self._set_hyperparameters(lr, betas, eps, weight_decay)
+
+    def hyperparameters(self) -> dict:
+        return {"lr": self.lr, "betas": self.betas, "eps": self.eps,
+                "weight_decay": self.weight_decay}
+
+    def _set_hyperparameters(self, lr, betas, eps, weight_decay) -> None:
+        if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
+            raise TypeError(f"Adam: betas must be a pair (beta1, beta2), got {betas!r}")
+        beta1 = _check_number("Adam", "betas[0]", betas[0], below=1.0)
+        beta2 = _check_number("Adam", "betas[1]", betas[1], below=1.0)
+        eps = _check_number("Adam", "eps", eps)
+        weight_decay = _check_number("Adam", "weight_decay", weight_decay)
+        self.lr = lr
+        self.betas = (beta1, beta2)
+        self.eps, self.weight_decay = eps, weight_decay
+
+    def _init_state(self, param: np.ndarray) -> dict:
+        return {"step": 0, "exp_avg": np.zeros_like(param), "exp_avg_sq": np.zeros_like(param)}
+
+    def _update(self, param, grad, state, scratch) -> None:
+        beta1, beta2 = self.betas
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        work, extra = scratch
+        step = state["step"] = state["step"] + 1
+        if self.weight_decay != 0.0:
+            np.multiply(param, self.weight_decay, out=extra)
+            np.add(grad, extra, out=extra)
+            grad = extra
+        # torch's lerp: m + w*(g - m) for a small weight w, else g - (g - m)*(1 - w), which
+        # keeps m exact when w is near 1.
+        weight = 1.0 - beta1
+        np.subtract(grad, exp_avg, out=work)
+        if abs(weight) < 0.5:
+            np.multiply(work, weight, out=work)
+            np.add(exp_avg, work, out=exp_avg)
+        else:
+            np.multiply(work, 1.0 - weight, out=work)
+            np.subtract(grad, work, out=exp_avg)
+        # addcmul's order: v*beta2 + ((1 - beta2)*g)*g.
+        np.multiply(exp_avg_sq, beta2, out=exp_avg_sq)
+        np.multiply(grad, 1.0 - beta2, out=work)
+        np.multiply(work, grad, out=work)
+        np.add(exp_avg_sq, work, out=exp_avg_sq)
+        # Bias corrections in Python floats (double), as torch computes them.
+        step_size = self._lr / (1.0 - beta1**step)
+        bias_correction2_sqrt = (1.0 - beta2**step) ** 0.5
+        denom = work
+        np.sqrt(exp_avg_sq, out=denom)
+        np.divide(denom, bias_correction2_sqrt, out=denom)
+        np.add(denom, self.eps, out=denom)
+        # addcdiv's order: p + ((-step_size)*m)/denom.  `extra` is free: grad is used up.
+        np.multiply(exp_avg, -step_size, out=extra)
+        np.divide(extra, denom, out=extra)
+        np.add(param, extra, out=param)

@@ -1,0 +1,283 @@
+"""Checkpoints: ``ta.save(obj, path)`` and ``ta.load(path)``, as .npz files without pickle.
+
+    ta.save({"config": config, "model": model, "optimizer": opt.state_dict(), "step": 1200},
+            "run/ckpt.npz")
+    checkpoint = ta.load("run/ckpt.npz")
+    model.load_state_dict(checkpoint["model"])
+    opt.load_state_dict(checkpoint["optimizer"])
+
+The file is an ordinary .npz archive (``np.load`` opens it): every array is one ``.npy``
+entry, and the structure around them (dicts, lists, tuples, str, int, float, bool, None) is
+JSON in one more entry, ``__tinygrad_attn__``, with a format name and version.  Nothing is
+pickled, so loading a file runs no code from it.
+
+What comes back:
+    * arrays, Tensors and Parameters come back as numpy arrays (same dtype and shape);
+      a numpy scalar (``np.float32(0.5)``) comes back as a 0-d array;
+    * a Module is saved as its ``state_dict()``, so it comes back as a dict of arrays;
+    * dicts (keys str, int, float, bool or None, in order), lists, tuples, str, int,
+      float (NaN and infinities too), bool and None come back as they were.
+
+Writing is atomic: the archive goes to a temporary file next to ``path``, is flushed and
+fsync'ed, and only then renamed over ``path``; on any error the temporary file is removed
+and a file already at ``path`` is left untouched.  The file is written exactly at ``path``
+(no ``.npz`` is appended, unlike ``np.savez``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import uuid
+import zipfile
+
+import numpy as np
+
+from .nn.module import Module
+from .tensor import Tensor
+
+__all__ = ["save", "load", "SerializationError", "FORMAT", "VERSION"]
+
+FORMAT = "tinygrad_attn.checkpoint"
+VERSION = 1
+_STRUCTURE = "__tinygrad_attn__"      # the .npz entry holding the JSON structure
+
+
+class SerializationError(ValueError):
+    """A file that ``ta.load`` cannot read: corrupt, truncated, not a tinygrad_attn
+    checkpoint, or written by a newer version.  The message names the path."""
+
+
+# ---------------------------------------------------------------- save
+
+
+class _Writer:
+    """Encodes a structure as JSON, writing each array into the archive as it is found."""
+
+    def __init__(self, archive: zipfile.ZipFile):
+        self.archive = archive
+        self.count = 0
+        self.open_containers: set[int] = set()   # ids on the current path, to catch cycles
+
+    def write_array(self, name: str, array: np.ndarray) -> None:
+        with self.archive.open(name + ".npy", "w", force_zip64=True) as entry:
+            np.lib.format.write_array(entry, array, allow_pickle=False)
+
+    def array(self, value, where: str) -> dict:
+        array = value.numpy() if isinstance(value, Tensor) else np.asarray(value)
+        if array.dtype.hasobject:
+            raise TypeError(f"ta.save: {where} is an array of Python objects (dtype object); "
+                            f"only numeric, bool and string arrays can be saved without pickle")
+        name = f"a{self.count}"
+        self.count += 1
+        self.write_array(name, array)
+        return {"array": name}
+
+    def encode(self, value, where: str):
+        if value is None or isinstance(value, (bool, str)):
+            return value
+        if isinstance(value, (int, float)):
+            return int(value) if isinstance(value, int) else float(value)
+        if isinstance(value, (np.ndarray, np.generic, Tensor)):
+            return self.array(value, where)
+        if isinstance(value, Module):
+            value = value.state_dict()
+        if not isinstance(value, (dict, list, tuple)):
+            hint = (" (call its .state_dict() first)" if hasattr(value, "state_dict") else "")
+            raise TypeError(f"ta.save: cannot save {where}, an object of type "
+                            f"{type(value).__name__}{hint}; supported are Modules, arrays, "
+                            f"Tensors, dicts, lists, tuples, str, int, float, bool and None")
+        if id(value) in self.open_containers:
+            raise ValueError(f"ta.save: {where} contains itself (a reference cycle)")
+        self.open_containers.add(id(value))
+        try:
+            if isinstance(value, list):
+                return [self.encode(item, f"{where}[{i}]") for i, item in enumerate(value)]
+            if isinstance(value, tuple):
+                return {"tuple": [self.encode(item, f"{where}[{i}]") for i, item in enumerate(value)]}
+            return self.encode_dict(value, where)
+        finally:
+            self.open_containers.discard(id(value))
+
+    def encode_dict(self, value: dict, where: str) -> dict:
+        for key in value:
+            if key is not None and not isinstance(key, (str, int, float)):
+                raise TypeError(f"ta.save: {where} has a key of type {type(key).__name__} "
+                                f"({key!r}); keys must be str, int, float, bool or None")
+        if all(isinstance(key, str) for key in value):
+            return {"dict": {key: self.encode(item, f"{where}[{key!r}]") for key, item in value.items()}}
+        # JSON objects only have string keys: other keys go as [key, value] pairs.
+        return {"items": [[key, self.encode(item, f"{where}[{key!r}]")] for key, item in value.items()]}
+
+
+def save(obj, path) -> None:
+    """Write ``obj`` to ``path`` as an .npz checkpoint, atomically (see the module docstring).
+
+    Args:
+        obj: a Module (its state_dict is saved), an array or Tensor, or nested dicts, lists
+            and tuples of those and of str, int, float, bool and None.
+        path: the file to write, exactly as given (no suffix is added); its directory must
+            exist.
+
+    Example:
+        >>> ta.save({"model": model, "optimizer": opt.state_dict(), "step": 1200}, "ckpt.npz")
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"ta.save: the directory {directory!r} of {path!r} does not exist")
+    temporary = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
+    # O_EXCL: never reuse a file someone else made; mode 0o666 lets the umask decide, as open().
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+                         0o666)
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            with zipfile.ZipFile(file, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+                writer = _Writer(archive)
+                header = {"format": FORMAT, "version": VERSION, "root": writer.encode(obj, "obj")}
+                text = json.dumps(header, allow_nan=True, separators=(",", ":"))
+                # Written last: an archive cut short by an error never carries the marker.
+                writer.write_array(_STRUCTURE, np.frombuffer(text.encode("utf-8"), dtype=np.uint8))
+            file.flush()
+            os.fsync(file.fileno())
+        with contextlib.suppress(OSError):
+            os.chmod(temporary, stat.S_IMODE(os.stat(path).st_mode))   # keep an old file's mode
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory: str) -> None:
+    """Make the rename itself durable; not possible on every platform (Windows), so best effort."""
+    try:
+        descriptor = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        pass
+    finally:
+        os.close(descriptor)
+
+
+# ---------------------------------------------------------------- load
+
+# What numpy and zipfile raise on a damaged archive.
+_READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError, UnicodeDecodeError)
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")   # a zip with entries, an empty zip: as np.load
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def load(path):
+    """Read a checkpoint written by ``ta.save``.
+
+    Args:
+        path: the file to read.
+
+    Returns:
+        The saved structure; arrays, Tensors and Modules come back as numpy arrays and dicts
+        of them (see the module docstring).
+
+    Raises:
+        FileNotFoundError: nothing is at ``path``.
+        SerializationError: the file is corrupt or truncated, is not a tinygrad_attn
+            checkpoint, or was written by a newer version.
+
+    Example:
+        >>> model.load_state_dict(ta.load("ckpt.npz")["model"])
+    """
+    path = os.fspath(path)
+    with open(path, "rb") as file:
+        magic = file.read(len(_NPY_MAGIC))
+        file.seek(0)
+        if magic.startswith(_NPY_MAGIC):
+            raise SerializationError(f"ta.load: {path!r} is a single .npy array, not a "
+                                     f"tinygrad_attn checkpoint; read it with np.load")
+        if not magic.startswith(_ZIP_MAGIC):
+            # Checked here: np.load would take any other bytes for a pickle and suggest
+            # loading it unsafely.
+            raise SerializationError(f"ta.load: {path!r} is not a tinygrad_attn checkpoint: "
+                                     f"{'it is empty' if not magic else 'it is not an .npz archive'}"
+                                     f" (it starts with {magic!r})")
+        try:
+            contents = np.load(file, allow_pickle=False)
+        except _READ_ERRORS as exc:
+            raise SerializationError(f"ta.load: {path!r} is a damaged .npz archive (corrupt or "
+                                     f"truncated): {exc}") from exc
+        with contents:
+            if _STRUCTURE not in contents.files:
+                shown = ", ".join(contents.files[:5]) + (", ..." if len(contents.files) > 5 else "")
+                raise SerializationError(f"ta.load: {path!r} is an .npz archive but not a "
+                                         f"tinygrad_attn checkpoint (no {_STRUCTURE!r} entry; it "
+                                         f"holds: {shown or 'nothing'}); read it with np.load")
+            try:
+                header = json.loads(contents[_STRUCTURE].tobytes().decode("utf-8"))
+            except _READ_ERRORS as exc:
+                raise SerializationError(f"ta.load: {path!r} has a damaged structure entry: "
+                                         f"{exc}") from exc
+            _check_header(path, header)
+            reader = _Reader(path, contents)
+            return reader.decode(header["root"], "obj")
+
+
+def _check_header(path: str, header) -> None:
+    if not isinstance(header, dict) or header.get("format") != FORMAT or "root" not in header:
+        raise SerializationError(f"ta.load: {path!r} has a {_STRUCTURE!r} entry that is not a "
+                                 f"{FORMAT} header")
+    version = header.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise SerializationError(f"ta.load: {path!r} has an invalid format version {version!r}")
+    if version > VERSION:
+        raise SerializationError(f"ta.load: {path!r} was written in format version {version} by "
+                                 f"a newer tinygrad_attn; this one reads versions up to {VERSION}")
+
+
+class _Reader:
+    def __init__(self, path: str, contents):
+        self.path = path
+        self.contents = contents
+
+    def malformed(self, where: str, node) -> SerializationError:
+        shown = repr(node)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        return SerializationError(f"ta.load: {self.path!r} is damaged: {where} is a malformed "
+                                  f"node {shown}")
+
+    def decode(self, node, where: str):
+        if node is None or isinstance(node, (bool, int, float, str)):
+            return node
+        if isinstance(node, list):
+            return [self.decode(item, f"{where}[{i}]") for i, item in enumerate(node)]
+        if not isinstance(node, dict) or len(node) != 1:
+            raise self.malformed(where, node)
+        ((tag, body),) = node.items()
+        if tag == "array" and isinstance(body, str):
+            return self.array(body, where)
+        if tag == "tuple" and isinstance(body, list):
+            return tuple(self.decode(item, f"{where}[{i}]") for i, item in enumerate(body))
+        if tag == "dict" and isinstance(body, dict):
+            return {key: self.decode(item, f"{where}[{key!r}]") for key, item in body.items()}
+        if tag == "items" and isinstance(body, list):
+            decoded = {}
+            for pair in body:
+                if not isinstance(pair, list) or len(pair) != 2 or isinstance(pair[0], (list, dict)):
+                    raise self.malformed(where, pair)
+                decoded[pair[0]] = self.decode(pair[1], f"{where}[{pair[0]!r}]")
+            return decoded
+        raise self.malformed(where, node)
+
+    def array(self, name: str, where: str) -> np.ndarray:
+        if name not in self.contents.files:
+            raise SerializationError(f"ta.load: {self.path!r} is damaged: {where} refers to "
+                                     f"the missing array entry {name!r}")
+        try:
+            return self.contents[name]
+        except _READ_ERRORS as exc:
+            raise SerializationError(f"ta.load: {self.path!r} is damaged: the array {where} "
+                                     f"cannot be read: {exc}") from exc
