@@ -7,7 +7,7 @@
     ta.check.symbolic(lambda x: (x @ x.T).tanh().sum(), x)   # exact, with sympy
 """
 
-from . import attention, check, functional, nn, ops
+from . import attention, check, data, functional, models, nn, ops, optim
 from .autograd import (
     DeviceError,
     DTypeError,
@@ -19,6 +19,7 @@ from .autograd import (
     scope,
 )
 from .random import manual_seed
+from .serialize import SerializationError, load, save
 from .tensor import Tensor, cat, stack, where
 
 __version__ = "0.3.0"
@@ -37,11 +38,17 @@ __all__ = [
     "ops",
     "attention",
     "nn",
+    "models",
+    "data",
     "functional",
     "check",
     "ShapeError",
     "DTypeError",
     "DeviceError",
+    "optim",
+    "save",
+    "load",
+    "SerializationError",
 ]
 
 

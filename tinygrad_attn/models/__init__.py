@@ -1,0 +1,7 @@
+"""Models built from the engine's layers: ``ta.models.Seq2Seq``, an RNN encoder-decoder with
+attention, and what trains, evaluates and saves it."""
+
+from .seq2seq import Seq2Seq
+from .training import Checkpoint, evaluate, load_checkpoint, save_checkpoint, train, translate
+
+__all__ = ["Seq2Seq", "train", "evaluate", "translate", "save_checkpoint", "load_checkpoint", "Checkpoint"]

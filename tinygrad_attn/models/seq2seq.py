@@ -1,0 +1,441 @@
+"""An RNN encoder-decoder with attention, trained with teacher forcing, decoded greedily or
+with beam search.
+
+The picture of the lecture notes (seed 004), one decoder step i:
+
+    encoder   h_1 .. h_S = RNN(embed(x_1 .. x_S))              the keys and values
+    scores    e_ij = score(query, h_j)                         dot | general | concat | additive
+    weights   a_ij = softmax_j(e_ij)   (padding masked out)    returned for inspection
+    context   c_i  = sum_j a_ij h_j
+
+and two ways to wire it, ``style``:
+
+- ``"bahdanau"`` (Bahdanau et al. 2015): the query is the *previous* decoder state s_{i-1};
+  the context enters the cell with the input, s_i = cell([embed(y_{i-1}); c_i], s_{i-1}), and
+  the output layer reads [s_i; c_i].  (The paper's output layer is a maxout over s_{i-1},
+  y_{i-1} and c_i; a linear readout of [s_i; c_i] is the common simplification.)
+- ``"luong"`` (Luong et al. 2015, global attention): the query is the *current* state h_i
+  of a decoder that never sees the context; the attentional vector a_i = tanh(W_c [c_i; h_i])
+  feeds the output layer.  This is the paper's base model, without its "input feeding"
+  (a_{i-1} as extra input): so with teacher forcing every step's state is known before any
+  attention, and one attention call scores all T steps at once.
+
+With ``attention=None`` the decoder sees only the encoder's final state: the fixed-size
+bottleneck that attention removes (``examples/bottleneck.py`` measures it).
+
+Node scopes follow the notes' diagram: ``encoder/t3`` (``encoder/t3/reverse`` for the second
+direction), ``decoder/t2``, ``decoder/t2/attention`` (Luong training: ``decoder/attention``,
+one call for every step).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import nn
+from ..autograd import ShapeError, no_grad, scope
+from ..functional import cross_entropy
+from ..tensor import Tensor, cat
+
+__all__ = ["Seq2Seq", "ATTENTIONS", "CELLS", "STYLES"]
+
+PAD, START, END = 0, 1, 2
+
+CELLS = {"rnn": nn.RNN, "gru": nn.GRU, "lstm": nn.LSTM}
+ATTENTIONS = ("dot", "general", "concat", "additive", None)
+STYLES = ("bahdanau", "luong")
+
+
+@dataclass
+class _Memory:
+    """What the decoder reads from the encoder, computed once per source batch."""
+
+    keys: Tensor | None          # (B, S, K) encoder outputs h_j (also the values)
+    keys_proj: Tensor | None     # (B, S, d_a) W_k h_j for additive and concat scores
+    mask: np.ndarray             # (B, S) True at real tokens
+    key_mask: Tensor             # (B, 1, S) the same, as the attention calls take it
+    states: list                 # the decoder's initial state (B, 1, H), one per layer
+
+
+class Seq2Seq(nn.Module):
+    """Embedding, RNN encoder, RNN decoder, optional attention and an output layer.
+
+    Args:
+        src_vocab, tgt_vocab: vocabulary sizes (ints, or ``ta.data.Vocab`` objects); id 0 is
+            ``<pad>``, 1 ``<start>``, 2 ``<end>``, as in ``ta.data``.
+        embed: embedding size E.  hidden: state size H of encoder and decoder.
+        cell: "rnn" | "gru" | "lstm".
+        attention: "dot" | "general" | "concat" | "additive" | None.
+        style: "bahdanau" or "luong" (see the module docstring).
+        num_layers: stacked layers in encoder and decoder.
+        dropout: on embeddings, between layers and before the output layer, in training.
+        bidirectional: a bidirectional encoder (outputs 2H); its final states are joined by a
+            learned bridge s_0 = tanh(W [h_fwd; h_bwd] + b) (Bahdanau et al. initialise from
+            the backward state alone).
+        attn_dim: size of the additive/concat scoring layer (default H).
+
+    Example:
+        >>> model = ta.models.Seq2Seq(40, 40, embed=32, hidden=64, attention="additive")
+        >>> logits, weights = model(src, tgt_in)          # (B, T, 40), (B, T, S)
+        >>> ids, weights = model.greedy(src, max_len=12)
+    """
+
+    def __init__(self, src_vocab, tgt_vocab, embed: int = 64, hidden: int = 128, cell: str = "gru",
+                 attention: str | None = "additive", style: str = "bahdanau", num_layers: int = 1,
+                 dropout: float = 0.0, bidirectional: bool = False, attn_dim: int | None = None):
+        super().__init__()
+        src_size, tgt_size = _size(src_vocab, "src_vocab"), _size(tgt_vocab, "tgt_vocab")
+        if cell not in CELLS:
+            raise ValueError(f"Seq2Seq: cell must be one of {sorted(CELLS)}, got {cell!r}")
+        if attention not in ATTENTIONS:
+            raise ValueError(f"Seq2Seq: attention must be one of {list(ATTENTIONS)}, got {attention!r}")
+        if style not in STYLES:
+            raise ValueError(f"Seq2Seq: style must be one of {list(STYLES)}, got {style!r}")
+        key_size = hidden * (2 if bidirectional else 1)
+        if attention == "dot" and key_size != hidden:
+            raise ValueError(f"Seq2Seq: attention='dot' needs decoder states and encoder outputs "
+                             f"of one size, but a bidirectional encoder gives {key_size} against "
+                             f"{hidden}; use 'general', or bidirectional=False")
+        attn_dim = hidden if attn_dim is None else attn_dim
+        self.config = dict(src_vocab=src_size, tgt_vocab=tgt_size, embed=embed, hidden=hidden,
+                           cell=cell, attention=attention, style=style, num_layers=num_layers,
+                           dropout=float(dropout), bidirectional=bidirectional, attn_dim=attn_dim)
+        self.cell, self.attention_kind, self.style = cell, attention, style
+        self.hidden, self.num_layers = hidden, num_layers
+
+        self.src_embed = nn.Embedding(src_size, embed, padding_idx=PAD)
+        self.tgt_embed = nn.Embedding(tgt_size, embed, padding_idx=PAD)
+        self.drop = nn.Dropout(dropout)
+        rnn = CELLS[cell]
+        self.encoder = rnn(embed, hidden, num_layers=num_layers, dropout=dropout,
+                           bidirectional=bidirectional)
+        if bidirectional:
+            self.bridge = nn.Linear(2 * hidden, hidden)
+            if cell == "lstm":
+                self.bridge_c = nn.Linear(2 * hidden, hidden)
+        feeds_context = attention is not None and style == "bahdanau"
+        self.decoder = rnn(embed + (key_size if feeds_context else 0), hidden, num_layers=num_layers,
+                           dropout=dropout)
+        if attention == "dot":
+            self.attention = nn.DotAttention()
+        elif attention == "general":
+            self.attention = nn.GeneralAttention(hidden, key_size)
+        elif attention == "concat":
+            self.attention = nn.ConcatAttention(hidden, key_size, attn_dim)
+        elif attention == "additive":
+            self.attention = nn.AdditiveAttention(hidden, key_size, attn_dim)
+        if attention is not None and style == "luong":
+            self.attention_vector = nn.LuongAttentionVector(key_size, hidden)
+            readout = hidden
+        elif feeds_context:
+            readout = hidden + key_size
+        else:
+            readout = hidden
+        self.out = nn.Linear(readout, tgt_size)
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return (f"cell={c['cell']!r}, attention={c['attention']!r}, style={c['style']!r}, "
+                f"embed={c['embed']}, hidden={c['hidden']}")
+
+    # ------------------------------------------------------------ training
+
+    def forward(self, src, tgt_in):
+        """Teacher forcing: decode ``tgt_in`` (``<start>`` then the target, padded with 0).
+
+        Args:
+            src: int array (B, S), padded with 0.
+            tgt_in: int array (B, T).
+
+        Returns:
+            (logits (B, T, V), weights (B, T, S) or None without attention), Tensors.
+        """
+        src = _ids(src, "src")
+        tgt_in = _ids(tgt_in, "tgt_in")
+        if tgt_in.shape[0] != src.shape[0]:
+            raise ShapeError(f"Seq2Seq: src {src.shape} and tgt_in {tgt_in.shape} differ in batch size")
+        memory = self.encode(src)
+        if self.attention_kind is not None and self.style == "luong":
+            return self._luong_teacher_forced(tgt_in, memory)
+        states, tops, contexts, weights = memory.states, [], [], []
+        for t in range(tgt_in.shape[1]):
+            with scope("decoder"), scope(f"t{t}"):
+                top, context, weight, states = self._step(tgt_in[:, t : t + 1], states, memory)
+            tops.append(top)
+            contexts.append(context)
+            weights.append(weight)
+        with scope("decoder"):
+            # The output layer runs once on every step's features, not once per step.
+            tops = cat(tops, axis=1)                                             # (B, T, H)
+            if self.attention_kind is None:
+                return self.out(self.drop(tops)), None                           # (B, T, V)
+            features = self._readout(tops, cat(contexts, axis=1))                # (B, T, H + K)
+            return self.out(self.drop(features)), cat(weights, axis=1)           # (B, T, V), (B, T, S)
+
+    def loss(self, src, tgt_in, tgt_out) -> Tensor:
+        """Mean cross-entropy of the teacher-forced logits against ``tgt_out`` (the target
+        then ``<end>``), ignoring padding."""
+        logits, _ = self(src, tgt_in)
+        return cross_entropy(logits, _ids(tgt_out, "tgt_out"), ignore_index=PAD)
+
+    def _luong_teacher_forced(self, tgt_in: np.ndarray, memory: _Memory):
+        with scope("decoder"):
+            inputs = [self.drop(self.tgt_embed(tgt_in[:, t : t + 1])) for t in range(tgt_in.shape[1])]
+            outputs, _ = self.decoder.unroll(inputs, memory.states)
+            tops = cat(outputs, axis=1)                                          # (B, T, H)
+            with scope("attention"):
+                context, weights = self._attend(tops, memory)                    # (B, T, K), (B, T, S)
+                features = self._readout(tops, context)                          # (B, T, H)
+            logits = self.out(self.drop(features))                               # (B, T, V)
+        return logits, weights
+
+    # ------------------------------------------------------------ the pieces
+
+    def encode(self, src) -> _Memory:
+        """Run the encoder over ``src`` (B, S) and prepare what every decoder step reads.
+
+        Every step works on (B, 1, features): one query per row in the layout of many
+        queries, so attention needs no reshapes and the steps join with one ``cat``.
+        """
+        src = _ids(src, "src")
+        mask = src != PAD
+        with scope("encoder"):
+            inputs = [self.drop(self.src_embed(src[:, t : t + 1])) for t in range(src.shape[1])]
+            outputs, finals = self.encoder.unroll(inputs, mask=mask)             # S x (B, 1, K)
+            keys = cat(outputs, axis=1) if self.attention_kind is not None else None   # (B, S, K)
+            states = self._bridge(finals)
+            keys_proj = None
+            if self.attention_kind in ("additive", "concat"):
+                keys_proj = self.attention.keys_projection(keys)                 # (B, S, d_a)
+        key_mask = Tensor(mask[:, None, :], device=self.out.weight.device)       # (B, 1, S)
+        return _Memory(keys, keys_proj, mask, key_mask, states)
+
+    def _bridge(self, finals: list) -> list:
+        """The encoder's final states (layer-major, directions inner) -> the decoder's."""
+        if not self.encoder.bidirectional:
+            return finals
+        states = []
+        for layer in range(self.num_layers):
+            forward, backward = finals[2 * layer], finals[2 * layer + 1]
+            if self.cell == "lstm":
+                h = self.bridge(cat([forward[0], backward[0]], axis=-1)).tanh()
+                c = self.bridge_c(cat([forward[1], backward[1]], axis=-1))
+                states.append((h, c))
+            else:
+                states.append(self.bridge(cat([forward, backward], axis=-1)).tanh())   # (B, 1, H)
+        return states
+
+    def _attend(self, query: Tensor, memory: _Memory):
+        """Queries (B, T_q, H) -> (context (B, T_q, K), weights (B, T_q, S))."""
+        if memory.keys_proj is not None:
+            return self.attention(query, memory.keys, mask=memory.key_mask, keys_proj=memory.keys_proj)
+        return self.attention(query, memory.keys, mask=memory.key_mask)
+
+    def _readout(self, top: Tensor, context: Tensor) -> Tensor:
+        """What the output layer reads: [s_i; c_i] (Bahdanau) or tanh(W_c [c_i; h_i]) (Luong)."""
+        if self.style == "luong":
+            return self.attention_vector(context, top)                           # (..., H)
+        return cat([top, context], axis=-1)                                      # (..., H + K)
+
+    def _top(self, states: list) -> Tensor:
+        top = states[-1]
+        return top[0] if self.cell == "lstm" else top
+
+    def _step(self, y_prev: np.ndarray, states: list, memory: _Memory):
+        """One decoder step from the previous token ids (B, 1): returns (the top state s_i
+        (B, 1, H), the context c_i (B, 1, K) and weights (B, 1, S), or None without
+        attention, and the new states)."""
+        y = self.drop(self.tgt_embed(y_prev))                                     # (B, 1, E)
+        if self.attention_kind is None:
+            top, states = self.decoder.step(y, states)
+            return top, None, None, states
+        if self.style == "bahdanau":
+            with scope("attention"):
+                context, weights = self._attend(self._top(states), memory)        # s_{i-1} scores
+            top, states = self.decoder.step(cat([y, context], axis=-1), states)   # (B, 1, H)
+            return top, context, weights, states
+        top, states = self.decoder.step(y, states)                               # (B, 1, H)
+        with scope("attention"):
+            context, weights = self._attend(top, memory)                          # s_i scores
+        return top, context, weights, states
+
+    def _logits(self, top: Tensor, context: Tensor | None) -> Tensor:
+        """One decoding step's output logits (B, V), from (B, 1, ...) pieces."""
+        feature = top if context is None else self._readout(top, context)
+        return self.out(feature)[:, 0]
+
+    # ------------------------------------------------------------ decoding
+
+    def greedy(self, src, max_len: int = 50):
+        """Decode by taking the most likely token at every step.
+
+        Args:
+            src: int array (B, S).  max_len: the most tokens to produce (``<end>`` included).
+
+        Returns:
+            (ids (B, L) int64: each row the tokens up to and including ``<end>``, then 0;
+            weights (B, L, S) float numpy, the attention of each produced token, zeros after
+            ``<end>``, or None without attention).
+        """
+        src = _ids(src, "src")
+        with _inference(self):
+            memory = self.encode(src)
+            batch = src.shape[0]
+            y = np.full(batch, START, dtype=np.int64)
+            done = np.zeros(batch, dtype=bool)
+            states, ids, weights = memory.states, [], []
+            for t in range(max_len):
+                with scope("decoder"), scope(f"t{t}"):
+                    top, context, weight, states = self._step(y[:, None], states, memory)
+                    logits = self._logits(top, context).numpy()                  # (B, V)
+                y = np.where(done, PAD, logits.argmax(axis=-1)).astype(np.int64)
+                ids.append(y)
+                if weight is not None:
+                    weights.append(np.where(done[:, None], 0.0, weight.numpy()[:, 0]))
+                done |= y == END
+                if done.all():
+                    break
+        ids = np.stack(ids, axis=1)
+        return ids, (np.stack(weights, axis=1) if weights else None)
+
+    def beam_search(self, src, beam: int = 5, max_len: int = 50, length_penalty: float = 1.0,
+                    coverage_penalty: float = 0.0):
+        """Decode each source with a beam of ``beam`` hypotheses; keep the best finished one.
+
+        A hypothesis Y of source X is ranked, once it ends, by Wu et al. (2016)'s
+        ``log P(Y|X) / lp(Y) + cp(X; Y)`` with ``lp(Y) = ((5 + |Y|) / 6) ** length_penalty``
+        and ``cp = coverage_penalty * sum_j log(min(sum_i a_ij, 1))`` over the real source
+        tokens j (a_ij the attention of output i on source j).  ``length_penalty=0`` ranks by
+        plain log-probability, which favours short outputs; ``coverage_penalty`` needs
+        attention.  A search stops when ``beam`` hypotheses have ended or at ``max_len``.
+
+        Returns:
+            (ids (B, L) int64, weights (B, L, S) or None), laid out as ``greedy``'s.
+        """
+        src = _ids(src, "src")
+        if beam < 1 or max_len < 1:
+            raise ValueError(f"beam_search: beam and max_len must be positive, got {beam}, {max_len}")
+        if coverage_penalty and self.attention_kind is None:
+            raise ValueError("beam_search: coverage_penalty needs a model with attention")
+        with _inference(self):
+            found = [self._beam_one(src[b : b + 1], beam, max_len, length_penalty, coverage_penalty)
+                     for b in range(src.shape[0])]
+        length = max(len(tokens) for tokens, _ in found)
+        ids = np.zeros((src.shape[0], length), dtype=np.int64)
+        weights = None
+        if self.attention_kind is not None:
+            weights = np.zeros((src.shape[0], length, src.shape[1]))
+        for b, (tokens, attention) in enumerate(found):
+            ids[b, : len(tokens)] = tokens
+            if weights is not None:
+                weights[b, : len(tokens)] = attention
+        return ids, weights
+
+    def _beam_one(self, src: np.ndarray, beam: int, max_len: int, alpha: float, beta: float):
+        """Beam search for one source (1, S): returns (tokens, attention rows)."""
+        memory = self.encode(src)
+        real = memory.mask[0]
+        source_len = src.shape[1]
+        # Live hypotheses: token lists, summed log-probabilities, attention rows (i, S).
+        tokens = [[]]
+        logp = np.zeros(1)
+        attention = [np.zeros((0, source_len))]
+        states = memory.states
+        finished = []                                     # (score, tokens, attention)
+        for t in range(max_len):
+            live = len(tokens)
+            y = np.array([hyp[-1] if hyp else START for hyp in tokens], dtype=np.int64)
+            step_memory = _repeat(memory, live)
+            with scope("decoder"), scope(f"t{t}"):
+                top, context, weight, new_states = self._step(y[:, None], states, step_memory)
+                log_probs = self._logits(top, context).log_softmax(axis=-1).numpy()  # (live, V)
+            weight = np.zeros((live, source_len)) if weight is None else weight.numpy()[:, 0]
+            total = logp[:, None] + log_probs                                        # (live, V)
+            # 2 * beam candidates: enough to refill the beam even if half of them end here.
+            order = np.argsort(-total, axis=None, kind="stable")[: 2 * beam]
+            rows, words = np.unravel_index(order, total.shape)
+            keep_rows, keep_words = [], []
+            for row, word in zip(rows, words, strict=True):
+                hyp = tokens[row] + [int(word)]
+                rows_attn = np.vstack([attention[row], weight[row]])
+                if word == END or t == max_len - 1:
+                    score = _ranked(total[row, word], len(hyp), rows_attn, real, alpha, beta)
+                    finished.append((score, hyp, rows_attn))
+                elif len(keep_rows) < beam:
+                    keep_rows.append(row)
+                    keep_words.append(word)
+            if len(finished) >= beam or not keep_rows:
+                break
+            index = np.array(keep_rows)
+            tokens = [tokens[r] + [int(w)] for r, w in zip(keep_rows, keep_words, strict=True)]
+            logp = total[index, np.array(keep_words)]
+            attention = [np.vstack([attention[r], weight[r]]) for r in keep_rows]
+            states = [_select(state, index) for state in new_states]
+        best = max(finished, key=lambda item: item[0])
+        return best[1], best[2]
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _size(vocab, what: str) -> int:
+    size = vocab if isinstance(vocab, int | np.integer) else len(vocab)
+    if size < 4:
+        raise ValueError(f"Seq2Seq: {what} must hold at least the 4 reserved ids (<pad>, <start>, "
+                         f"<end>, <unk>), got size {size}")
+    return int(size)
+
+
+def _ids(x, what: str) -> np.ndarray:
+    """An integer (B, L) array from a numpy array, nested lists or a Tensor."""
+    array = x.numpy() if isinstance(x, Tensor) else np.asarray(x)
+    if array.ndim != 2 or array.dtype.kind not in "iu" or array.shape[1] == 0:
+        raise ShapeError(f"Seq2Seq: {what} must be a non-empty integer array (B, L) of token ids, "
+                         f"got {array.dtype} of shape {array.shape}")
+    return array.astype(np.int64, copy=False)
+
+
+def _ranked(logp: float, length: int, attention: np.ndarray, real: np.ndarray, alpha: float,
+            beta: float) -> float:
+    """Wu et al. (2016): log P / lp + cp."""
+    score = logp / ((5.0 + length) / 6.0) ** alpha
+    if beta:
+        coverage = np.minimum(attention[:, real].sum(axis=0), 1.0)
+        score += beta * float(np.log(np.maximum(coverage, 1e-12)).sum())
+    return float(score)
+
+
+def _repeat(memory: _Memory, rows: int) -> _Memory:
+    """The memory of one source, repeated for ``rows`` hypotheses (no gradient: decoding)."""
+    if rows == 1:
+        return memory
+
+    def tile(x):
+        if x is None:
+            return None
+        return Tensor(np.repeat(x.numpy(), rows, axis=0), dtype=x.dtype, device=x.device)
+
+    return _Memory(tile(memory.keys), tile(memory.keys_proj), np.repeat(memory.mask, rows, axis=0),
+                   tile(memory.key_mask), memory.states)
+
+
+def _select(state, index: np.ndarray):
+    """Rows ``index`` of a decoder state (h, or (h, c))."""
+    if isinstance(state, tuple):
+        return tuple(_select(s, index) for s in state)
+    return Tensor(state.numpy()[index], dtype=state.dtype, device=state.device)
+
+
+@contextmanager
+def _inference(model: nn.Module):
+    """Eval mode and no graph while decoding; the model's mode is restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with no_grad():
+            yield
+    finally:
+        model.train(was_training)
