@@ -25,6 +25,8 @@ from numba import njit, types
 from numba.extending import intrinsic, overload
 from numba.np.ufunc.parallel import _launch_threads
 
+from . import threads
+
 
 def _other_openmp_loaded() -> bool:
     """Whether an OpenMP runtime is already mapped into this process (Linux only)."""
@@ -67,6 +69,7 @@ def _start_threads() -> None:
 
 
 _start_threads()
+threads.apply_to_numba()                 # a count set with ta.set_num_threads before now
 
 # fastmath without 'nnan'/'ninf': masked scores are -inf and the kernels test for it.
 # 'reassoc' lets LLVM vectorise the row sums; 'afn' the polynomial.

@@ -1,0 +1,50 @@
+"""How many threads the cpu device uses: numpy's BLAS (matrix products) and Numba's pool.
+
+    >>> ta.set_num_threads(1)     # like torch.set_num_threads
+
+Why it matters here: the products of a small model (a 32 x 128 batch against a 384 x 128
+weight) gain nothing from a second BLAS thread, and OpenBLAS threads that wait by spinning
+collapse when another process wants the same cores.  With one other busy process on a
+2-core machine a seq2seq training step at hidden 128 took 2.6 s with two BLAS threads and
+29 ms with one (bench/seq2seq.py's step, measured with this module's setting).
+"""
+
+from __future__ import annotations
+
+import sys
+
+__all__ = ["set_num_threads", "get_num_threads"]
+
+_requested: list[int] = []
+
+
+def set_num_threads(n: int) -> None:
+    """Use ``n`` threads for BLAS and for Numba's parallel kernels (this thread's launches).
+
+    BLAS is switched at once through threadpoolctl; Numba's pool, if not started yet, takes
+    the setting when it starts (``n`` is capped at the pool's size, NUMBA_NUM_THREADS).
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"set_num_threads: n must be a positive int, got {n!r}")
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(n, user_api="blas")
+    _requested[:] = [n]
+    apply_to_numba()
+
+
+def get_num_threads() -> int:
+    """The BLAS thread count now in force (what ``set_num_threads`` last set, by default the
+    number of cores)."""
+    from threadpoolctl import threadpool_info
+
+    counts = [pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"]
+    return max(counts) if counts else 1
+
+
+def apply_to_numba() -> None:
+    """Give Numba's pool the requested count, once numba_support has started it."""
+    if _requested and f"{__package__}.numba_support" in sys.modules:
+        import numba
+
+        numba.set_num_threads(min(_requested[0], numba.config.NUMBA_NUM_THREADS))
