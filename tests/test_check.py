@@ -158,3 +158,13 @@ def test_report_records_an_exception_instead_of_raising():
     report = ta.check.symbolic(lambda x: x @ x, np.ones((2, 3)))
     assert not report.ok
     assert "MatMul: inner dimensions differ" in str(report)
+
+
+def test_gradcheck_checks_parameters_captured_by_the_function_and_keeps_their_grads():
+    w = Tensor(np.array([0.5, -1.5, 2.0]), dtype=np.float64, requires_grad=True, name="w")
+    w.grad = Tensor(np.full(3, 7.0), dtype=np.float64)
+    good = ta.check.gradcheck(lambda: Square.apply(w))
+    assert good.ok and [r.name for r in good.inputs] == ["w"]
+    bad = ta.check.gradcheck(lambda: SquareWrongBackward.apply(w))
+    assert not bad.ok
+    np.testing.assert_array_equal(w.grad.numpy(), 7.0)      # the caller's gradient is untouched

@@ -227,12 +227,17 @@ def test_nodes_carry_the_seeds_scopes():
     assert not any(s.startswith("decoder/t4") for s in scopes)
 
 
-def test_a_tiny_bahdanau_model_passes_the_symbolic_check():
+@pytest.mark.parametrize("cell,style", [("gru", "bahdanau"), ("lstm", "luong")])
+def test_a_tiny_model_passes_the_finite_difference_check(cell, style):
+    # The whole model in float64 against central differences (the symbolic check of a
+    # Bahdanau step runs in test_cli.py's `verify`: sympy on a whole unrolled model is slow).
     ta.manual_seed(8)
-    model = ta.models.Seq2Seq(5, 5, embed=2, hidden=2, attention="additive").double()
-    src, tgt_in = np.array([[3, 4]]), np.array([[START, 3]])
-    report = ta.check.symbolic(lambda: model.loss(src, tgt_in, np.array([[3, END]])))
+    model = ta.models.Seq2Seq(5, 5, embed=2, hidden=3, cell=cell, attention="additive", style=style,
+                              bidirectional=True).double()
+    src, tgt_in = np.array([[3, 4, 0], [4, 4, 3]]), np.array([[START, 3], [START, 4]])
+    report = ta.check.gradcheck(lambda: model.loss(src, tgt_in, np.array([[3, END], [4, END]])))
     assert report.ok, report
+    assert len(report.inputs) == len(model.parameters())
 
 
 def test_constructor_and_input_errors_are_clear():

@@ -156,6 +156,9 @@ def gradcheck(fn_or_op, *inputs, eps: float = 1e-6, atol: float = 1e-6, rtol: fl
         inputs: arrays or tensors; float ones are copied to float64 and perturbed, integer
             and boolean ones (ids, masks) pass through unchanged.
         eps: the finite-difference step.
+
+    Leaves that ``fn`` reaches without taking them as inputs (a module's parameters) are
+    checked too, after the inputs, perturbed in place; their ``.grad`` is left as it was.
     """
     fn, target = _as_function(fn_or_op, attrs)
     report = Report("gradcheck", target)
@@ -163,6 +166,11 @@ def gradcheck(fn_or_op, *inputs, eps: float = 1e-6, atol: float = 1e-6, rtol: fl
     try:
         out = fn(*leaves)
         c = _cotangent(out.shape, seed)
+        graph_leaves = [t for t in autograd.toposort(out) if t.node is None]
+        extra = [t for t in reversed(graph_leaves) if all(t is not leaf for leaf in leaves)]
+        kept_grads = [t.grad for t in extra]
+        for t in extra:
+            t.grad = None
         out.backward(c.astype(out.dtype))
         if out.dtype != np.float64:
             # A float32 output rounds at ~1e-7: a tiny step would measure only rounding.
@@ -175,7 +183,7 @@ def gradcheck(fn_or_op, *inputs, eps: float = 1e-6, atol: float = 1e-6, rtol: fl
         with autograd.no_grad():
             return float(np.sum(np.asarray(fn(*leaves).numpy(), dtype=np.float64) * c))
 
-    for leaf in leaves:
+    for k, leaf in enumerate(leaves + extra):
         if not leaf.requires_grad:
             continue
         values = leaf.data  # perturbed in place, restored after each element
@@ -188,7 +196,9 @@ def gradcheck(fn_or_op, *inputs, eps: float = 1e-6, atol: float = 1e-6, rtol: fl
             lower = loss()
             values[index] = original
             numeric[index] = (upper - lower) / (2 * eps)
-        report.inputs.append(_compare(leaf.name, leaf, numeric, rtol, atol))
+        report.inputs.append(_compare(leaf.name or f"p{k}", leaf, numeric, rtol, atol))
+    for t, grad in zip(extra, kept_grads, strict=True):
+        t.grad = grad
     return report
 
 
