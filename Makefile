@@ -1,5 +1,5 @@
 # The two set-up commands (they install everything they need on a fresh Debian machine):
-#   make demo   train a small model with the engine and verify its gradients with sympy
+#   make demo   train a Bahdanau GRU on dates, translate, verify its gradients with sympy
 #   make test   ruff + the whole test suite, then the CUDA tests under Numba's simulator (what CI runs)
 
 PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
@@ -11,7 +11,7 @@ SUDO   := $(shell [ "$$(id -u)" = 0 ] || ! command -v sudo >/dev/null 2>&1 || ec
 .PHONY: demo test test-cuda lint setup dot clean
 
 demo: setup dot
-	$(PY) examples/quickstart.py
+	$(VENV)/bin/tinygrad-attn demo
 
 test: setup dot lint
 	$(PY) -m pytest

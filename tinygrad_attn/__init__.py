@@ -18,6 +18,7 @@ from .autograd import (
     no_grad,
     scope,
 )
+from .compiler.threads import get_num_threads, set_num_threads
 from .random import manual_seed
 from .serialize import SerializationError, load, save
 from .tensor import Tensor, cat, stack, where
@@ -35,6 +36,8 @@ __all__ = [
     "scope",
     "detect_anomaly",
     "manual_seed",
+    "set_num_threads",
+    "get_num_threads",
     "ops",
     "attention",
     "nn",

@@ -1,0 +1,225 @@
+"""The command line, called in-process through ``main(argv)`` with tiny budgets, plus the
+installed ``tinygrad-attn`` script and ``python -m tinygrad_attn`` in a child process."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tinygrad_attn as ta
+from tinygrad_attn import cli
+from tinygrad_attn.check import OpsReport, Report
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = Path(sys.executable).with_name("tinygrad-attn")
+TINY = ["--task", "copy", "--length", "4", "--steps", "30", "--hidden", "16", "--embed", "8"]
+WEIGHT = re.compile(r"^\d\.\d\d$")
+
+
+@pytest.fixture(scope="module")
+def copy_checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "copy.ckpt"
+    assert cli.main(["train", *TINY, "--no-progress", "--out", str(path)]) == 0
+    return path
+
+
+def attention_rows(text: str) -> tuple[list[str], list[tuple[str, list[float]]]]:
+    """The column labels and (row label, weights) of the first matrix ``translate`` printed."""
+    lines = text.splitlines()
+    start = next(k for k, line in enumerate(lines) if " -> " in line) + 1
+    columns = lines[start].split()
+    rows = []
+    for line in lines[start + 1 :]:
+        fields = line.split()
+        if len(fields) != len(columns) + 1 or not all(WEIGHT.match(f) for f in fields[1:]):
+            break
+        rows.append((fields[0], [float(f) for f in fields[1:]]))
+    return columns, rows
+
+
+# ---------------------------------------------------------------- help, version, packaging
+
+
+def test_cli_help_lists_every_command(capsys):
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in ("demo", "train", "translate", "verify", "bench"):
+        assert command in out
+
+
+@pytest.mark.parametrize("command", ["demo", "train", "translate", "verify", "bench"])
+def test_cli_command_help_exits_zero(command, capsys):
+    assert cli.main([command, "--help"]) == 0
+    assert f"usage: tinygrad-attn {command}" in capsys.readouterr().out
+
+
+def test_cli_version(capsys):
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"tinygrad-attn {ta.__version__}"
+
+
+def test_cli_console_script_runs():
+    if not SCRIPT.exists():
+        pytest.skip(f"{SCRIPT} is not installed (pip install -e . creates it)")
+    result = subprocess.run([str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "usage: tinygrad-attn" in result.stdout
+
+
+def test_cli_python_dash_m_and_lean_import():
+    result = subprocess.run([sys.executable, "-m", "tinygrad_attn", "--version"], capture_output=True,
+                            text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == f"tinygrad-attn {ta.__version__}"
+    probe = ("import sys, tinygrad_attn\n"
+             "print(sorted(m for m in ('tqdm', 'tinygrad_attn.cli') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "[]", result.stderr
+
+
+# ---------------------------------------------------------------- train and translate
+
+
+def test_cli_train_saves_checkpoint_with_step_and_metrics(copy_checkpoint):
+    model, info = ta.models.load_checkpoint(copy_checkpoint)
+    assert info.name == "copy"
+    assert model.config["hidden"] == 16 and model.config["attention"] == "additive"
+    assert info.extras["step"] == 30
+    assert set(info.extras["metrics"]) == {"exact_match", "token_accuracy", "count"}
+    assert info.extras["metrics"]["count"] == 500
+
+
+def test_cli_train_progress_bar_and_default_path(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--task", "reverse", "--length", "3", "--steps", "3", "--hidden", "8", "--embed", "4",
+            "--cell", "lstm", "--attention", "dot", "--style", "luong"]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    assert (tmp_path / "checkpoints" / "reverse-lstm-dot.ckpt").is_file()
+    assert "tok/s" in captured.err and "loss" in captured.err          # tqdm's postfix
+    assert re.search(r"exact match \d+\.\d%, token accuracy \d+\.\d%", captured.out)
+    assert "checkpoints/reverse-lstm-dot.ckpt" in captured.out
+
+
+def test_cli_translate_prints_output_and_attention_matrix(copy_checkpoint, capsys):
+    assert cli.main(["translate", str(copy_checkpoint), "abcd", "dcba"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^'abcd' -> '[a-t]*'$", out, re.M)
+    assert re.search(r"^'dcba' -> '[a-t]*'$", out, re.M)
+    columns, rows = attention_rows(out)
+    assert columns == ["a", "b", "c", "d"]
+    assert rows, out
+    for _, weights in rows:
+        assert sum(weights) == pytest.approx(1.0, abs=0.03)        # 4 weights rounded to 0.01
+
+
+def test_cli_translate_with_beam(copy_checkpoint, capsys):
+    assert cli.main(["translate", str(copy_checkpoint), "aabb", "--beam", "3"]) == 0
+    columns, rows = attention_rows(capsys.readouterr().out)
+    assert columns == ["a", "a", "b", "b"] and rows
+
+
+def test_format_attention_aligns_columns_and_adds_end_row():
+    weights = np.array([[0.9, 0.05, 0.05], [0.004, 0.996, 0.0]])
+    text = cli.format_attention(weights, ["ich", "liebe", "katzen"], ["i"])
+    assert text.splitlines() == [
+        "         ich  liebe katzen",
+        "i       0.90   0.05   0.05",
+        "<end>   0.00   1.00   0.00",
+    ]
+
+
+def test_format_attention_shows_spaces(monkeypatch):
+    text = cli.format_attention(np.array([[0.5, 0.5]]), ["3", " "], [])
+    header = text.splitlines()[0].split()
+    assert header[0] == "3" and header[1] in ("\u2423", "_")
+
+
+# ---------------------------------------------------------------- errors: one line, status 2
+
+
+def _error_cases(tmp_path, checkpoint):
+    corrupt = tmp_path / "corrupt.ckpt"
+    corrupt.write_bytes(b"not a checkpoint at all")
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(Path(checkpoint).read_bytes()[:300])
+    return [
+        (["translate", str(tmp_path / "missing.ckpt"), "abc"], "does not exist"),
+        (["translate", str(corrupt), "abc"], "not a tinygrad_attn checkpoint"),
+        (["translate", str(truncated), "abc"], "damaged"),
+        (["translate", str(checkpoint), "abz!"], "lacks: 'z', '!'"),
+        (["train", "--task", "klingon"], "invalid choice: 'klingon'"),
+        (["train", "--task", "dates", "--length", "5"], "--length applies to the copy and reverse"),
+        (["train", "--steps", "0"], "expected a positive integer"),
+        (["train", "--attention", "dot", "--bidirectional"], "attention='dot' needs"),
+        (["translate", str(checkpoint)], "required"),
+        ([], "required"),
+    ]
+
+
+def test_cli_errors_are_one_line_with_status_2(tmp_path, copy_checkpoint, capsys):
+    for argv, message in _error_cases(tmp_path, copy_checkpoint):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        assert len(err.strip().splitlines()) == 1, err
+        assert message in err, (argv, err)
+
+
+def test_cli_heatmap_without_viz_support_says_so(copy_checkpoint, tmp_path, capsys):
+    if hasattr(ta.viz, "heatmap"):
+        path = tmp_path / "attention.svg"
+        assert cli.main(["translate", str(copy_checkpoint), "abcd", "--heatmap", str(path)]) == 0
+        assert path.exists()
+        return
+    assert cli.main(["translate", str(copy_checkpoint), "abcd", "--heatmap", str(tmp_path / "a.svg")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "ta.viz.heatmap" in err
+
+
+# ---------------------------------------------------------------- verify, bench, demo
+
+
+def test_cli_verify_passes_and_prints_both_reports(capsys):
+    assert cli.main(["verify"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"(\d+) of \1 ops pass both checks", out)
+    assert "symbolic check of bahdanau_step_logit: ok" in out
+    assert "d/d attention.W_q (2, 2) float64" in out and "d/d cell.weight_hh" in out
+    assert "verify: all gradients match" in out
+
+
+def test_cli_verify_fails_when_a_check_fails(monkeypatch, capsys):
+    broken = Report("symbolic", "bahdanau_step_logit", error="ValueError: broken on purpose")
+    monkeypatch.setattr(ta.check, "ops", lambda: OpsReport([]))
+    monkeypatch.setattr(cli, "bahdanau_step_check", lambda: broken)
+    assert cli.main(["verify"]) == 1
+    assert "verify: FAILED" in capsys.readouterr().out
+
+
+def test_cli_bench_prints_ms_per_step_and_tokens_per_second(capsys):
+    before = ta.get_num_threads() if hasattr(ta, "get_num_threads") else None
+    assert cli.main(["bench", "--steps", "2", "--hidden", "8", "--batch-size", "4", "--threads", "1"]) == 0
+    if before is not None:
+        assert ta.get_num_threads() == before          # in-process callers keep their setting
+    out = capsys.readouterr().out
+    assert re.search(r"\d+\.\d ms median of 2 steps", out)
+    assert re.search(r"[\d,]+ target tokens/s", out)
+    assert "bench/seq2seq.py" in out
+
+
+def test_cli_demo_quick_runs_every_part(tmp_path, capsys):
+    assert cli.main(["demo", "--quick", "--no-progress", "--out-dir", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"held-out: 500 dates .* exact match \d+\.\d%", out)
+    for text, _ in cli.DEMO_DATES:
+        assert f"{text!r} -> " in out
+    assert "attention while translating '3 may 1998'" in out
+    assert "symbolic check of bahdanau_step_logit: ok" in out
+    assert "summary:" in out
+    assert (tmp_path / "out" / "dates.ckpt").is_file()
+    if not hasattr(ta.viz, "heatmap"):
+        assert "come with the viz package" in out
