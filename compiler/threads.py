@@ -4,9 +4,10 @@
 
 Why it matters here: the products of a small model (a 32 x 128 batch against a 384 x 128
 weight) gain nothing from a second BLAS thread, and OpenBLAS threads that wait by spinning
-collapse when another process wants the same cores.  With one other busy process on a
-2-core machine a seq2seq training step at hidden 128 took 2.6 s with two BLAS threads and
-29 ms with one (bench/seq2seq.py's step, measured with this module's setting).
+collapse when another process wants the same cores.  With other work running on a 2-core
+machine, the forward and backward of a seq2seq step at hidden 128, batch 32 took 2.6 s
+with two BLAS threads and 29 ms with one (OPENBLAS_NUM_THREADS=1); on the idle machine
+one thread was as fast as two (see bench/RESULTS.md).
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ PRELUDE = "import numpy as np\nimport tinygrad_attn as ta\nfrom tinygrad_attn im
 
 
 @pytest.mark.parametrize("index", [k for k, b in enumerate(BLOCKS) if ">>>" not in b])
-def test_readme_python_block_runs(index, capsys):
+def test_readme_python_block_runs(index, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)                 # files the examples write land here
     before = set(registry)
     try:
         exec(compile(PRELUDE + BLOCKS[index], f"README block {index}", "exec"), {})
