@@ -139,7 +139,8 @@ def main(argv=None) -> None:
         model, ours = engine_step(hidden, size, "cpu")
         _, reference = engine_step(hidden, size, "numpy")
         contenders = {"cpu": ours, "numpy": reference}
-        nodes = len(ta.autograd.toposort(model.loss(*batch(size, 1))))
+        graph = ta.autograd.toposort(model.loss(*batch(size, 1)))
+        nodes = sum(t.node is not None for t in graph)            # ops, not parameters
         if torch is not None:
             twin, theirs = torch_step(model, hidden, size)
             mine = float(model.loss(*batch(size, 1)).item())

@@ -6,12 +6,14 @@ Why it matters here: the products of a small model (a 32 x 128 batch against a 3
 weight) gain nothing from a second BLAS thread, and OpenBLAS threads that wait by spinning
 collapse when another process wants the same cores.  With other work running on a 2-core
 machine, the forward and backward of a seq2seq step at hidden 128, batch 32 took 2.6 s
-with two BLAS threads and 29 ms with one (OPENBLAS_NUM_THREADS=1); on the idle machine
-one thread was as fast as two (see bench/RESULTS.md).
+with two BLAS threads and 29 ms with one (OPENBLAS_NUM_THREADS=1).  On the idle machine
+two threads were faster at hidden 128 (29.5 against 38.0 ms a training step) and equal at
+hidden 32 (bench/RESULTS.md).
 """
 
 from __future__ import annotations
 
+import numbers
 import sys
 
 __all__ = ["set_num_threads", "get_num_threads"]
@@ -25,10 +27,11 @@ def set_num_threads(n: int) -> None:
     BLAS is switched at once through threadpoolctl; Numba's pool, if not started yet, takes
     the setting when it starts (``n`` is capped at the pool's size, NUMBA_NUM_THREADS).
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
         raise ValueError(f"set_num_threads: n must be a positive int, got {n!r}")
     from threadpoolctl import threadpool_limits
 
+    n = int(n)
     threadpool_limits(n, user_api="blas")
     _requested[:] = [n]
     apply_to_numba()

@@ -223,3 +223,12 @@ def test_cli_demo_quick_runs_every_part(tmp_path, capsys):
     assert (tmp_path / "out" / "dates.ckpt").is_file()
     if not hasattr(ta.viz, "heatmap"):
         assert "come with the viz package" in out
+
+
+def test_train_refuses_a_bad_seed_or_output_before_training(tmp_path, capsys):
+    assert cli.main(["train", "--task", "copy", "--length", "3", "--seed", "-1"]) == 2
+    assert "expected an integer >= 0" in capsys.readouterr().err
+    status = cli.main(["train", "--task", "copy", "--length", "3", "--steps", "1", "--no-progress",
+                       "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert status == 2 and "is a directory" in err and "Traceback" not in err

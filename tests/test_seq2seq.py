@@ -72,29 +72,36 @@ def test_greedy_agrees_with_teacher_forcing_on_its_own_output():
     ids, weights = model.greedy(src, max_len=6)
     tgt_in = np.concatenate([np.full((3, 1), START), ids[:, :-1]], axis=1)
     logits, tf_weights = model(src, tgt_in)
+    allowed = logits.numpy().copy()
+    allowed[..., [PAD, START]] = -np.inf                 # decoding never produces these
     for row in range(3):
         length = list(ids[row]).index(END) + 1 if END in ids[row] else ids.shape[1]
-        np.testing.assert_array_equal(logits.numpy()[row, :length].argmax(-1), ids[row, :length])
+        np.testing.assert_array_equal(allowed[row, :length].argmax(-1), ids[row, :length])
         np.testing.assert_allclose(weights[row, :length], tf_weights.numpy()[row, :length], atol=1e-12)
         assert np.all(ids[row, length:] == PAD) and np.all(weights[row, length:] == 0)
 
 
 def _sequence_logp(model, src_row, tokens) -> float:
+    """log P(tokens | src) under decoding's distribution (<pad> and <start> excluded)."""
     tgt_in = np.array([[START] + list(tokens[:-1])])
     logits, _ = model(src_row, tgt_in)
-    log_probs = logits.log_softmax(axis=-1).numpy()[0]
+    logits = logits.numpy()[0].astype(np.float64)
+    logits[:, [PAD, START]] = -np.inf
+    shifted = logits - logits.max(-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
     return float(sum(log_probs[i, t] for i, t in enumerate(tokens)))
 
 
 @pytest.mark.parametrize("style", ["bahdanau", "luong"])
 def test_beam_search_as_wide_as_the_space_finds_the_most_likely_output(style):
-    vocab, max_len = 5, 3
+    vocab, max_len = 6, 3
     ta.manual_seed(3)
     model = ta.models.Seq2Seq(vocab, vocab, embed=3, hidden=4, attention="dot", style=style).double()
     with ta.no_grad():
         model.out.bias.data[END] += 1.0                  # make ending early a real contender
     src = np.array([[3, 4, 3]])
-    candidates = [seq for n in range(1, max_len + 1) for seq in itertools.product(range(vocab), repeat=n)
+    tokens = [t for t in range(vocab) if t not in (PAD, START)]
+    candidates = [seq for n in range(1, max_len + 1) for seq in itertools.product(tokens, repeat=n)
                   if (seq[-1] == END or n == max_len) and END not in seq[:-1]]
     with ta.no_grad():
         best = max(candidates, key=lambda seq: _sequence_logp(model, src, seq))
@@ -102,18 +109,46 @@ def test_beam_search_as_wide_as_the_space_finds_the_most_likely_output(style):
     assert tuple(ids[0][: len(best)]) == best
 
 
-def test_beam_of_one_without_penalties_is_greedy():
-    ta.manual_seed(4)
-    model = ta.models.Seq2Seq(V, V, embed=5, hidden=7, cell="lstm", attention="concat").double()
-    src, _ = _batch(np.random.default_rng(4))
+@pytest.mark.parametrize("seed,cell,attention,end_bias", [
+    (4, "lstm", "concat", 0.0), (1, "gru", "additive", 0.0), (0, "gru", "additive", 0.5),
+    (2, "gru", "additive", 0.4)])
+def test_beam_of_one_without_penalties_is_greedy(seed, cell, attention, end_bias):
+    # end_bias makes <end> a close runner-up: an ending outside the beam must not be kept.
+    ta.manual_seed(seed)
+    model = ta.models.Seq2Seq(V, V, embed=5, hidden=7, cell=cell, attention=attention).double()
+    with ta.no_grad():
+        model.out.bias.data[END] += end_bias
+    src = np.random.default_rng(seed).integers(3, V, (2, 5))
     greedy_ids, greedy_w = model.greedy(src, max_len=6)
     beam_ids, beam_w = model.beam_search(src, beam=1, max_len=6, length_penalty=0.0)
-    width = min(greedy_ids.shape[1], beam_ids.shape[1])
-    np.testing.assert_array_equal(beam_ids[:, :width], greedy_ids[:, :width])
-    np.testing.assert_allclose(beam_w[:, :width], greedy_w[:, :width], atol=1e-12)
+    np.testing.assert_array_equal(beam_ids, greedy_ids)
+    np.testing.assert_allclose(beam_w, greedy_w, atol=1e-12)
 
 
-def test_coverage_penalty_changes_ranking_only_with_attention():
+def test_wu_et_al_scores_by_hand():
+    from tinygrad_attn.models.seq2seq import _ranked
+
+    attention = np.array([[0.5, 0.5, 0.0], [0.7, 0.1, 0.2]])                 # 2 outputs, 3 sources
+    real = np.array([True, True, False])
+    assert _ranked(-2.0, 3, attention, real, alpha=1.0, beta=0.0) == pytest.approx(-2.0 / (8 / 6))
+    assert _ranked(-2.0, 3, attention, real, alpha=0.0, beta=0.0) == pytest.approx(-2.0)
+    # coverage of source 0: min(1.2, 1) -> log 1 = 0; of source 1: 0.6 -> log 0.6; source 2 is padding
+    assert _ranked(-2.0, 3, attention, real, alpha=0.0, beta=0.5) == pytest.approx(-2.0 + 0.5 * np.log(0.6))
+
+
+def test_decoding_never_produces_pad_or_start():
+    ta.manual_seed(5)
+    model = ta.models.Seq2Seq(V, V, embed=4, hidden=6, attention="dot")
+    with ta.no_grad():
+        model.out.bias.data[[PAD, START]] += 50.0       # the model would pick them everywhere
+    src = np.array([[3, 4, 5]])
+    for ids in (model.greedy(src, max_len=4)[0], model.beam_search(src, beam=2, max_len=4)[0]):
+        row = list(ids[0])
+        produced = row[: row.index(END) + 1] if END in row else row
+        assert len(produced) >= 1 and not set(produced) & {PAD, START}
+
+
+def test_coverage_penalty_needs_attention():
     model = ta.models.Seq2Seq(V, V, embed=4, hidden=6, attention=None)
     with pytest.raises(ValueError, match="coverage_penalty needs a model with attention"):
         model.beam_search(np.array([[3, 4]]), coverage_penalty=0.5)
@@ -121,9 +156,20 @@ def test_coverage_penalty_changes_ranking_only_with_attention():
 
 def test_decoding_restores_training_mode_and_records_no_graph():
     model = ta.models.Seq2Seq(V, V, embed=4, hidden=6, dropout=0.1)
+    recorded = []
+    original = model._step
+
+    def spy(*args):
+        result = original(*args)
+        recorded.append(result[0].node)                 # the top state's graph record
+        return result
+
+    model._step = spy
     model.greedy(np.array([[3, 4]]), max_len=3)
     assert model.training
-    assert all(p.grad is None for p in model.parameters())
+    assert recorded and all(node is None for node in recorded)
+    with pytest.raises(ValueError, match="greedy: max_len must be positive"):
+        model.greedy(np.array([[3, 4]]), max_len=0)
 
 
 # ---------------------------------------------------------------- against PyTorch
@@ -262,3 +308,25 @@ def test_repr_names_the_parts_and_counts_parameters():
     assert text.startswith("Seq2Seq(cell='gru', attention='additive', style='bahdanau', embed=4, hidden=6)")
     assert "(attention): AdditiveAttention" in text and "parameters" in text
     assert isinstance(model.attention, nn.AdditiveAttention)
+
+
+def test_evaluate_counts_missing_and_extra_positions_wrong():
+    class Echo:
+        """Stands in for a model: decodes every source to fixed outputs."""
+
+        def __init__(self, outputs):
+            self.outputs = outputs
+
+        def greedy(self, src, max_len):
+            ids = np.zeros((len(self.outputs), max_len), dtype=np.int64)
+            for row, out in enumerate(self.outputs):
+                ids[row, : len(out) + 1] = [*out, END]
+            return ids, None
+
+    vocab = ta.data.Vocab(["a", "b"])
+    a, b = vocab.id("a"), vocab.id("b")
+    pairs = [(["a"], ["a", "b"]), (["b"], ["b"]), (["a"], ["a"])]
+    metrics = ta.models.evaluate(Echo([[a], [b, b, a], [a]]), pairs, vocab, vocab)
+    # right positions: 1 of 2 (too short), 1 of 3 (two extra), 1 of 1
+    assert metrics["token_accuracy"] == pytest.approx(3 / 6)
+    assert metrics["exact_match"] == pytest.approx(1 / 3)

@@ -358,3 +358,27 @@ def test_damaged_structures_are_reported(text, message, tmp_path):
 def test_save_and_load_are_exported():
     assert ta.save is serialize.save and ta.load is serialize.load
     assert {"save", "load", "SerializationError", "optim"} <= set(ta.__all__)
+
+
+def test_numpy_scalars_of_every_kind_come_back_as_0d_arrays(tmp_path):
+    path = tmp_path / "scalars.npz"
+    ta.save({"f64": np.float64(0.25), "f32": np.float32(0.5), "i64": np.int64(3), "b": np.bool_(True)}, path)
+    back = ta.load(path)
+    for key, dtype in (("f64", np.float64), ("f32", np.float32), ("i64", np.int64), ("b", np.bool_)):
+        assert isinstance(back[key], np.ndarray) and back[key].shape == () and back[key].dtype == dtype
+
+
+def test_new_files_get_the_umask_mode_and_old_files_keep_theirs(tmp_path):
+    import os
+    import stat
+
+    fresh = tmp_path / "fresh.npz"
+    ta.save({"x": 1}, fresh)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert stat.S_IMODE(os.stat(fresh).st_mode) == 0o666 & ~umask
+    private = tmp_path / "private.npz"
+    ta.save({"x": 1}, private)
+    os.chmod(private, 0o600)
+    ta.save({"x": 2}, private)
+    assert stat.S_IMODE(os.stat(private).st_mode) == 0o600

@@ -171,7 +171,12 @@ def gradcheck(fn_or_op, *inputs, eps: float = 1e-6, atol: float = 1e-6, rtol: fl
         kept_grads = [t.grad for t in extra]
         for t in extra:
             t.grad = None
-        out.backward(c.astype(out.dtype))
+        try:
+            out.backward(c.astype(out.dtype))
+        except BaseException:
+            for t, grad in zip(extra, kept_grads, strict=True):     # as they were
+                t.grad = grad
+            raise
         if out.dtype != np.float64:
             # A float32 output rounds at ~1e-7: a tiny step would measure only rounding.
             eps, atol, rtol = max(eps, 1e-3), max(atol, 1e-3), max(rtol, 1e-2)
@@ -183,22 +188,26 @@ def gradcheck(fn_or_op, *inputs, eps: float = 1e-6, atol: float = 1e-6, rtol: fl
         with autograd.no_grad():
             return float(np.sum(np.asarray(fn(*leaves).numpy(), dtype=np.float64) * c))
 
-    for k, leaf in enumerate(leaves + extra):
-        if not leaf.requires_grad:
-            continue
-        values = leaf.data  # perturbed in place, restored after each element
-        numeric = np.zeros(leaf.shape)
-        for index in np.ndindex(leaf.shape):
-            original = values[index]
-            values[index] = original + eps
-            upper = loss()
-            values[index] = original - eps
-            lower = loss()
-            values[index] = original
-            numeric[index] = (upper - lower) / (2 * eps)
-        report.inputs.append(_compare(leaf.name or f"p{k}", leaf, numeric, rtol, atol))
-    for t, grad in zip(extra, kept_grads, strict=True):
-        t.grad = grad
+    try:
+        for k, leaf in enumerate(leaves + extra):
+            if not leaf.requires_grad:
+                continue
+            values = leaf.data  # perturbed in place, restored after each element
+            numeric = np.zeros(leaf.shape)
+            for index in np.ndindex(leaf.shape):
+                original = values[index]
+                try:
+                    values[index] = original + eps
+                    upper = loss()
+                    values[index] = original - eps
+                    lower = loss()
+                finally:              # a parameter must never stay perturbed
+                    values[index] = original
+                numeric[index] = (upper - lower) / (2 * eps)
+            report.inputs.append(_compare(leaf.name or f"p{k}", leaf, numeric, rtol, atol))
+    finally:
+        for t, grad in zip(extra, kept_grads, strict=True):
+            t.grad = grad
     return report
 
 

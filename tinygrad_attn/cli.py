@@ -1,6 +1,6 @@
 """The command line: ``tinygrad-attn demo | train | translate | verify | bench``.
 
-    tinygrad-attn demo                                   # train, translate, verify (~70 s)
+    tinygrad-attn demo                                   # train, translate, verify (~70 s here)
     tinygrad-attn train --task reverse --length 8 --steps 2000
     tinygrad-attn translate checkpoints/dates-gru-additive.ckpt "3 may 1998" --beam 5
     tinygrad-attn verify                                 # every op, and a Bahdanau step, with sympy
@@ -16,6 +16,7 @@ Nothing in the engine imports this module (nor tqdm): ``import tinygrad_attn`` s
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -70,6 +71,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -110,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "human-written dates into YYYY-MM-DD, report its exact match on 500 held-out "
                     "dates, translate a few hand-written ones, print one attention matrix, draw "
                     "the graph and heatmaps when the viz package can, and verify the gradients "
-                    "of a Bahdanau decoder step exactly with sympy. About a minute and a half on 2 cores.")
+                    "of a Bahdanau decoder step exactly with sympy. About 70 s on 2 cores.")
     demo.add_argument("--steps", type=_positive_int, default=None,
                       help="training steps (default 1500; 30 with --quick)")
     demo.add_argument("--time-limit", type=_positive_float, default=None, metavar="SECONDS",
@@ -143,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--steps", type=_positive_int, default=1500, help="optimizer steps (default 1500)")
     train.add_argument("--batch-size", type=_positive_int, default=64, help="default 64")
     train.add_argument("--lr", type=_positive_float, default=3e-3, help="Adam's learning rate (default 3e-3)")
-    train.add_argument("--seed", type=int, default=0, help="seeds the weights and batches (default 0)")
+    train.add_argument("--seed", type=_non_negative_int, default=0,
+                       help="seeds the weights and batches (default 0)")
     train.add_argument("--time-limit", type=_positive_float, default=None, metavar="SECONDS",
                        help="stop training after this many seconds")
     train.add_argument("--out", default=None, metavar="PATH",
@@ -286,6 +298,19 @@ def _load_task(name: str, length: int | None, **options):
         raise UsageError(str(err)) from None
 
 
+def _writable(path: Path) -> Path:
+    """Check the checkpoint can be written before training, not after it."""
+    if path.is_dir():
+        raise UsageError(f"--out {path} is a directory; give a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"cannot create the directory of --out {path}: {err}") from None
+    if not os.access(path.parent, os.W_OK):
+        raise UsageError(f"cannot write to {path.parent} (for --out {path})")
+    return path
+
+
 def _train(args) -> int:
     task = _load_task(args.task, args.length)
     threads = _set_threads(args.threads)
@@ -298,7 +323,7 @@ def _train(args) -> int:
                                   bidirectional=args.bidirectional)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    out = Path(args.out or f"checkpoints/{task.name}-{args.cell}-{args.attention}.ckpt")
+    out = _writable(Path(args.out or f"checkpoints/{task.name}-{args.cell}-{args.attention}.ckpt"))
     print(f"task {task.name}: {task.description}; {len(task.train)} training pairs, "
           f"{len(task.test)} held out")
     print(f"model: {model.extra_repr()}, {model.num_parameters():,} parameters; {threads}")
@@ -310,10 +335,12 @@ def _train(args) -> int:
     print(f"held-out test set ({metrics['count']} pairs, greedy): exact match {metrics['exact_match']:.1%}, "
           f"token accuracy {metrics['token_accuracy']:.1%}")
 
-    out.parent.mkdir(parents=True, exist_ok=True)
     options = {} if args.length is None else {"length": args.length}
-    ta.models.save_checkpoint(out, model, task, step=len(history), metrics=metrics,
-                              seconds=round(history[-1]["seconds"], 3), task_options=options)
+    try:
+        ta.models.save_checkpoint(out, model, task, step=len(history), metrics=metrics,
+                                  seconds=round(history[-1]["seconds"], 3), task_options=options)
+    except OSError as err:
+        raise UsageError(f"could not write the checkpoint {out}: {err}") from None
     print(f"saved the checkpoint to {out}")
     print(f"try: tinygrad-attn translate {out} \"{task.detokenize(task.test[0][0])}\"")
     return EXIT_OK

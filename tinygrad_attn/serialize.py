@@ -78,10 +78,11 @@ class _Writer:
     def encode(self, value, where: str):
         if value is None or isinstance(value, (bool, str)):
             return value
-        if isinstance(value, (int, float)):
-            return int(value) if isinstance(value, int) else float(value)
+        # Before int and float: np.float64 is a float and must still come back as an array.
         if isinstance(value, (np.ndarray, np.generic, Tensor)):
             return self.array(value, where)
+        if isinstance(value, (int, float)):
+            return int(value) if isinstance(value, int) else float(value)
         if isinstance(value, Module):
             value = value.state_dict()
         if not isinstance(value, (dict, list, tuple)):
@@ -119,7 +120,8 @@ def save(obj, path) -> None:
         obj: a Module (its state_dict is saved), an array or Tensor, or nested dicts, lists
             and tuples of those and of str, int, float, bool and None.
         path: the file to write, exactly as given (no suffix is added); its directory must
-            exist.
+            exist.  A symbolic link at ``path`` is replaced by the new file (its target stays
+            as it was), as with any write-then-rename.
 
     Example:
         >>> ta.save({"model": model, "optimizer": opt.state_dict(), "step": 1200}, "ckpt.npz")
@@ -129,11 +131,17 @@ def save(obj, path) -> None:
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"ta.save: the directory {directory!r} of {path!r} does not exist")
     temporary = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
-    # O_EXCL: never reuse a file someone else made; mode 0o666 lets the umask decide, as open().
+    # O_EXCL: never reuse a file someone else made.  0o600 while it is written; the final
+    # mode (an old file's, else what open() would give) is set just before the rename.
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
-                         0o666)
+                         0o600)
     try:
-        with os.fdopen(descriptor, "wb") as file:
+        try:
+            file = os.fdopen(descriptor, "wb")
+        except BaseException:
+            os.close(descriptor)
+            raise
+        with file:
             with zipfile.ZipFile(file, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
                 writer = _Writer(archive)
                 header = {"format": FORMAT, "version": VERSION, "root": writer.encode(obj, "obj")}
@@ -143,13 +151,23 @@ def save(obj, path) -> None:
             file.flush()
             os.fsync(file.fileno())
         with contextlib.suppress(OSError):
-            os.chmod(temporary, stat.S_IMODE(os.stat(path).st_mode))   # keep an old file's mode
+            os.chmod(temporary, _final_mode(path))
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
     _fsync_directory(directory)
+
+
+def _final_mode(path: str) -> int:
+    """An existing file's permission bits, else 0o666 less the umask (what open() gives)."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        umask = os.umask(0o022)       # reading the umask means setting it: put it straight back
+        os.umask(umask)
+        return 0o666 & ~umask
 
 
 def _fsync_directory(directory: str) -> None:

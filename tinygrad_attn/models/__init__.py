@@ -2,6 +2,15 @@
 attention, and what trains, evaluates and saves it."""
 
 from .seq2seq import Seq2Seq
-from .training import Checkpoint, evaluate, load_checkpoint, save_checkpoint, train, translate
+from .training import (
+    Checkpoint,
+    evaluate,
+    load_checkpoint,
+    save_checkpoint,
+    train,
+    translate,
+    translate_tokens,
+)
 
-__all__ = ["Seq2Seq", "train", "evaluate", "translate", "save_checkpoint", "load_checkpoint", "Checkpoint"]
+__all__ = ["Seq2Seq", "train", "evaluate", "translate", "translate_tokens", "save_checkpoint",
+           "load_checkpoint", "Checkpoint"]

@@ -40,7 +40,7 @@ from ..autograd import ShapeError, no_grad, scope
 from ..functional import cross_entropy
 from ..tensor import Tensor, cat
 
-__all__ = ["Seq2Seq", "ATTENTIONS", "CELLS", "STYLES"]
+__all__ = ["Seq2Seq", "Memory", "ATTENTIONS", "CELLS", "STYLES"]
 
 PAD, START, END = 0, 1, 2
 
@@ -50,8 +50,9 @@ STYLES = ("bahdanau", "luong")
 
 
 @dataclass
-class _Memory:
-    """What the decoder reads from the encoder, computed once per source batch."""
+class Memory:
+    """What the decoder reads from the encoder, computed once per source batch
+    (``Seq2Seq.encode`` returns it)."""
 
     keys: Tensor | None          # (B, S, K) encoder outputs h_j (also the values)
     keys_proj: Tensor | None     # (B, S, d_a) W_k h_j for additive and concat scores
@@ -181,7 +182,7 @@ class Seq2Seq(nn.Module):
         logits, _ = self(src, tgt_in)
         return cross_entropy(logits, _ids(tgt_out, "tgt_out"), ignore_index=PAD)
 
-    def _luong_teacher_forced(self, tgt_in: np.ndarray, memory: _Memory):
+    def _luong_teacher_forced(self, tgt_in: np.ndarray, memory: Memory):
         with scope("decoder"):
             inputs = [self.drop(self.tgt_embed(tgt_in[:, t : t + 1])) for t in range(tgt_in.shape[1])]
             outputs, _ = self.decoder.unroll(inputs, memory.states)
@@ -194,7 +195,7 @@ class Seq2Seq(nn.Module):
 
     # ------------------------------------------------------------ the pieces
 
-    def encode(self, src) -> _Memory:
+    def encode(self, src) -> Memory:
         """Run the encoder over ``src`` (B, S) and prepare what every decoder step reads.
 
         Every step works on (B, 1, features): one query per row in the layout of many
@@ -211,7 +212,7 @@ class Seq2Seq(nn.Module):
             if self.attention_kind in ("additive", "concat"):
                 keys_proj = self.attention.keys_projection(keys)                 # (B, S, d_a)
         key_mask = Tensor(mask[:, None, :], device=self.out.weight.device)       # (B, 1, S)
-        return _Memory(keys, keys_proj, mask, key_mask, states)
+        return Memory(keys, keys_proj, mask, key_mask, states)
 
     def _bridge(self, finals: list) -> list:
         """The encoder's final states (layer-major, directions inner) -> the decoder's."""
@@ -228,7 +229,7 @@ class Seq2Seq(nn.Module):
                 states.append(self.bridge(cat([forward, backward], axis=-1)).tanh())   # (B, 1, H)
         return states
 
-    def _attend(self, query: Tensor, memory: _Memory):
+    def _attend(self, query: Tensor, memory: Memory):
         """Queries (B, T_q, H) -> (context (B, T_q, K), weights (B, T_q, S))."""
         if memory.keys_proj is not None:
             return self.attention(query, memory.keys, mask=memory.key_mask, keys_proj=memory.keys_proj)
@@ -244,7 +245,7 @@ class Seq2Seq(nn.Module):
         top = states[-1]
         return top[0] if self.cell == "lstm" else top
 
-    def _step(self, y_prev: np.ndarray, states: list, memory: _Memory):
+    def _step(self, y_prev: np.ndarray, states: list, memory: Memory):
         """One decoder step from the previous token ids (B, 1): returns (the top state s_i
         (B, 1, H), the context c_i (B, 1, K) and weights (B, 1, S), or None without
         attention, and the new states)."""
@@ -262,10 +263,16 @@ class Seq2Seq(nn.Module):
             context, weights = self._attend(top, memory)                          # s_i scores
         return top, context, weights, states
 
-    def _logits(self, top: Tensor, context: Tensor | None) -> Tensor:
-        """One decoding step's output logits (B, V), from (B, 1, ...) pieces."""
+    def _log_probs(self, top: Tensor, context: Tensor | None) -> np.ndarray:
+        """One decoding step's log-probabilities (B, V), float64, from (B, 1, ...) pieces.
+
+        ``<pad>`` and ``<start>`` are never produced: they get probability 0 and the rest is
+        renormalised (an output holding them would not decode to its tokens)."""
         feature = top if context is None else self._readout(top, context)
-        return self.out(feature)[:, 0]
+        logits = self.out(feature)[:, 0].numpy().astype(np.float64)             # (B, V)
+        logits[:, [PAD, START]] = -np.inf
+        shifted = logits - logits.max(axis=-1, keepdims=True)
+        return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
     # ------------------------------------------------------------ decoding
 
@@ -276,11 +283,14 @@ class Seq2Seq(nn.Module):
             src: int array (B, S).  max_len: the most tokens to produce (``<end>`` included).
 
         Returns:
-            (ids (B, L) int64: each row the tokens up to and including ``<end>``, then 0;
-            weights (B, L, S) float numpy, the attention of each produced token, zeros after
-            ``<end>``, or None without attention).
+            (ids (B, L) int64: each row the tokens up to and including ``<end>``, then 0 (a
+            row that reached ``max_len`` has no ``<end>``); weights (B, L, S) float numpy, the
+            attention of each produced token, zeros after ``<end>``, or None without
+            attention).  ``<pad>`` and ``<start>`` are never produced.
         """
         src = _ids(src, "src")
+        if max_len < 1:
+            raise ValueError(f"greedy: max_len must be positive, got {max_len}")
         with _inference(self):
             memory = self.encode(src)
             batch = src.shape[0]
@@ -290,8 +300,8 @@ class Seq2Seq(nn.Module):
             for t in range(max_len):
                 with scope("decoder"), scope(f"t{t}"):
                     top, context, weight, states = self._step(y[:, None], states, memory)
-                    logits = self._logits(top, context).numpy()                  # (B, V)
-                y = np.where(done, PAD, logits.argmax(axis=-1)).astype(np.int64)
+                    log_probs = self._log_probs(top, context)                    # (B, V)
+                y = np.where(done, PAD, log_probs.argmax(axis=-1)).astype(np.int64)
                 ids.append(y)
                 if weight is not None:
                     weights.append(np.where(done[:, None], 0.0, weight.numpy()[:, 0]))
@@ -310,7 +320,12 @@ class Seq2Seq(nn.Module):
         and ``cp = coverage_penalty * sum_j log(min(sum_i a_ij, 1))`` over the real source
         tokens j (a_ij the attention of output i on source j).  ``length_penalty=0`` ranks by
         plain log-probability, which favours short outputs; ``coverage_penalty`` needs
-        attention.  A search stops when ``beam`` hypotheses have ended or at ``max_len``.
+        attention.
+
+        Each step extends every live hypothesis by every token and keeps the ``beam`` best
+        of them; a candidate that ends (``<end>``, or any token at ``max_len``) is set aside
+        as finished only if it ranks among those ``beam`` best (as fairseq does), so a beam of
+        one is greedy decoding.  The search stops once ``beam`` hypotheses have finished.
 
         Returns:
             (ids (B, L) int64, weights (B, L, S) or None), laid out as ``greedy``'s.
@@ -351,19 +366,22 @@ class Seq2Seq(nn.Module):
             step_memory = _repeat(memory, live)
             with scope("decoder"), scope(f"t{t}"):
                 top, context, weight, new_states = self._step(y[:, None], states, step_memory)
-                log_probs = self._logits(top, context).log_softmax(axis=-1).numpy()  # (live, V)
+                log_probs = self._log_probs(top, context)                            # (live, V)
             weight = np.zeros((live, source_len)) if weight is None else weight.numpy()[:, 0]
             total = logp[:, None] + log_probs                                        # (live, V)
             # 2 * beam candidates: enough to refill the beam even if half of them end here.
             order = np.argsort(-total, axis=None, kind="stable")[: 2 * beam]
             rows, words = np.unravel_index(order, total.shape)
             keep_rows, keep_words = [], []
-            for row, word in zip(rows, words, strict=True):
-                hyp = tokens[row] + [int(word)]
-                rows_attn = np.vstack([attention[row], weight[row]])
+            for rank, (row, word) in enumerate(zip(rows, words, strict=True)):
+                if total[row, word] == -np.inf:               # <pad>, <start>: never produced
+                    break
                 if word == END or t == max_len - 1:
-                    score = _ranked(total[row, word], len(hyp), rows_attn, real, alpha, beta)
-                    finished.append((score, hyp, rows_attn))
+                    if rank < beam:       # an ending outside the beam's best would not be kept
+                        hyp = tokens[row] + [int(word)]
+                        rows_attn = np.vstack([attention[row], weight[row]])
+                        score = _ranked(total[row, word], len(hyp), rows_attn, real, alpha, beta)
+                        finished.append((score, hyp, rows_attn))
                 elif len(keep_rows) < beam:
                     keep_rows.append(row)
                     keep_words.append(word)
@@ -374,6 +392,8 @@ class Seq2Seq(nn.Module):
             logp = total[index, np.array(keep_words)]
             attention = [np.vstack([attention[r], weight[r]]) for r in keep_rows]
             states = [_select(state, index) for state in new_states]
+        if not finished:              # every candidate left was <pad> or <start>: end here
+            finished = [(0.0, tokens[0], attention[0])]
         best = max(finished, key=lambda item: item[0])
         return best[1], best[2]
 
@@ -408,7 +428,7 @@ def _ranked(logp: float, length: int, attention: np.ndarray, real: np.ndarray, a
     return float(score)
 
 
-def _repeat(memory: _Memory, rows: int) -> _Memory:
+def _repeat(memory: Memory, rows: int) -> Memory:
     """The memory of one source, repeated for ``rows`` hypotheses (no gradient: decoding)."""
     if rows == 1:
         return memory
@@ -418,7 +438,7 @@ def _repeat(memory: _Memory, rows: int) -> _Memory:
             return None
         return Tensor(np.repeat(x.numpy(), rows, axis=0), dtype=x.dtype, device=x.device)
 
-    return _Memory(tile(memory.keys), tile(memory.keys_proj), np.repeat(memory.mask, rows, axis=0),
+    return Memory(tile(memory.keys), tile(memory.keys_proj), np.repeat(memory.mask, rows, axis=0),
                    tile(memory.key_mask), memory.states)
 
 

@@ -20,7 +20,8 @@ from ..random import manual_seed
 from ..serialize import SerializationError, load, save
 from .seq2seq import Seq2Seq
 
-__all__ = ["train", "evaluate", "translate", "save_checkpoint", "load_checkpoint", "Checkpoint"]
+__all__ = ["train", "evaluate", "translate", "translate_tokens", "save_checkpoint", "load_checkpoint",
+           "Checkpoint"]
 
 CHECKPOINT_KIND = "tinygrad_attn.seq2seq"
 
@@ -35,7 +36,9 @@ def train(model: Seq2Seq, task: data.Task, steps: int = 1000, batch_size: int = 
         task: a ``ta.data.Task``; its vocabularies must match the model's sizes.
         steps: optimizer steps.  batch_size: pairs per step.  lr: Adam's learning rate.
         clip: clip the gradients' global norm to this (None: no clipping).
-        seed: seeds the batch order and dropout.
+        seed: seeds the batch order, and dropout through the engine's generator
+            (``ta.manual_seed(seed)`` is called: a run is reproducible, and continuing with
+            ``optimizer=`` and the same seed replays the same batches).
         time_limit: stop after this many seconds even if ``steps`` are not done.
         callback: called after every step with the step's record (below), e.g. to drive a
             progress bar.
@@ -76,8 +79,9 @@ def evaluate(model: Seq2Seq, pairs: Sequence, src_vocab: data.Vocab, tgt_vocab: 
 
     Returns:
         {"exact_match": fraction of outputs equal to their target, "token_accuracy":
-        fraction of target positions predicted right (an output too short counts its
-        missing positions wrong), "count": number of pairs}.
+        positions predicted right over max(len(target), len(output)) summed over pairs (an
+        output too short or too long counts its missing or extra positions wrong), "count":
+        number of pairs}.
     """
     if not pairs:
         raise ValueError("evaluate: no pairs to evaluate")
@@ -89,7 +93,7 @@ def evaluate(model: Seq2Seq, pairs: Sequence, src_vocab: data.Vocab, tgt_vocab: 
         for (_, target), (output, _) in zip(chunk, outputs, strict=True):
             exact += output == list(target)
             correct += sum(a == b for a, b in zip(output, target, strict=False))
-            total += len(target)
+            total += max(len(target), len(output))
     return {"exact_match": exact / len(pairs), "token_accuracy": correct / max(total, 1),
             "count": len(pairs)}
 

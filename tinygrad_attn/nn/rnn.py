@@ -286,9 +286,17 @@ class _RNNBase(Module):
         if self.bidirectional:
             raise ValueError(f"{type(self).__name__}.step: a bidirectional layer needs the whole "
                              f"sequence; call it on (B, T, I) instead")
+        name = type(self).__name__
+        if x.ndim < 2 or x.shape[-1] != self.input_size:
+            raise ShapeError(f"{name}.step: input must be (B, I) with I = {self.input_size}, got {x.shape}")
         if states is None:
             zeros = Tensor.zeros(*x.shape[:-1], self.hidden_size, dtype=x.dtype, device=x.device)
             states = [(zeros, zeros) if self.kind == "lstm" else zeros] * self.num_layers
+        expected = x.shape[:-1] + (self.hidden_size,)
+        if len(states) != self.num_layers or any(
+                (state[0] if self.kind == "lstm" else state).shape != expected for state in states):
+            raise ShapeError(f"{name}.step: states must be {self.num_layers} per-layer states of shape "
+                             f"{expected}")
         new_states = []
         for layer in range(self.num_layers):
             if layer > 0 and self.dropout > 0.0 and self.training:
