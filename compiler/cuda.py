@@ -335,6 +335,19 @@ def _zip(name):
     return run
 
 
+_add_kernel = _zip_kernel(scalar.add)
+
+
+def add_(a, b):
+    """a += b in place (a contiguous; b broadcasts to a's shape), returning a."""
+    if a.size:
+        dims, (a_strides, b_strides) = _collapse(a.shape, _strides(a.shape),
+                                                 _broadcast_strides(b.shape, a.shape))
+        flat = _flat(a)
+        _launch(_add_kernel, _blocks(a.size), THREADS, flat, flat, a_strides, _flat(b), b_strides, dims)
+    return a
+
+
 _leaky_relu_kernel = _map_param_kernel(scalar.leaky_relu)
 _leaky_relu_back_kernel = _zip_param_kernel(scalar.leaky_relu_back)
 
@@ -1638,6 +1651,7 @@ if SIMULATOR:
 
 KERNELS = {
     "asarray": asarray, "to_numpy": to_numpy, "zeros": zeros, "full": full, "astype": astype, "copy": copy,
+    "add_": add_,
     **{name: _map(name) for name in scalar.MAPS},
     **{name: _zip(name) for name in scalar.ZIPS if name != "eq"}, "eq": _equal,
     **{name: _zip(name) for name in scalar.ZIPS3},

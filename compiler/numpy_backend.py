@@ -44,6 +44,15 @@ def add(a, b):
     return np.add(a, b)
 
 
+def add_(a, b):
+    """a += b in place, returning a: backward sums a weight's gradients from every step
+    into one buffer instead of allocating a new array per step.  (A sum of 0-d arrays is a
+    numpy scalar, which cannot be written into: then a new one.)"""
+    if isinstance(a, np.ndarray):
+        return np.add(a, b, out=a)
+    return np.add(a, b)
+
+
 def sub(a, b):
     return np.subtract(a, b)
 

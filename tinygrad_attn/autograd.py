@@ -391,6 +391,10 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
                              f"but the tensor has shape {root.shape}")
 
     grads: dict[int, Any] = {id(root): grad_data}
+    # Keys whose gradient buffer backward allocated itself (the result of a sum): later
+    # gradients are added into it in place.  A buffer an op returned may be shared (Add
+    # hands the same dy to both inputs), so the first sum always makes a new one.
+    owned: set[int] = set()
     for t in toposort(root):
         g = grads.pop(id(t), None)
         if g is None:
@@ -420,7 +424,13 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
                 raise RuntimeError(f"{op.name}.backward returned a gradient of shape "
                                    f"{tuple(gi.shape)} for an input of shape {inp.shape}")
             key = id(inp)
-            grads[key] = gi if key not in grads else op.backend.add(grads[key], gi)
+            if key not in grads:
+                grads[key] = gi
+            elif key in owned:
+                grads[key] = op.backend.add_(grads[key], gi)
+            else:
+                grads[key] = op.backend.add(grads[key], gi)
+                owned.add(key)
         if not retain_graph:
             op.saved = ()
             op.freed = True

@@ -434,7 +434,10 @@ def _translate(args) -> int:
         print(format_attention(attention, source, tokens))
         if args.heatmap is not None:
             path = _heatmap_path(args.heatmap, index, len(args.texts))
-            viz.heatmap(attention, source, _row_labels(tokens, attention), path)
+            try:
+                viz.heatmap(attention, source, _row_labels(tokens, attention), path)
+            except (ImportError, ValueError, OSError) as err:       # messages start "heatmap:"
+                raise UsageError(str(err)) from None
             print(f"wrote the heatmap to {path}")
         if index < len(args.texts):
             print()
