@@ -227,7 +227,10 @@ def test_fused_cells_are_one_node_each_after_the_products():
     x, h, c = Tensor.randn(2, 3), Tensor.randn(2, 4), Tensor.randn(2, 4)
     w_ih = Tensor.randn(12, 3, requires_grad=True)
     h_next = F.gru_cell(x, h, w_ih, Tensor.randn(12, 4))
-    assert h_next.node.op_name == "GRUGates"
+    assert h_next.node.op_name == "GRUCell"                  # products and gates in one node
+    assert h_next.node.inputs[2] is w_ih
+    h_next = F.gru_cell(x, h, w_ih, Tensor.randn(12, 4), Tensor.randn(12), None)
+    assert h_next.node.op_name == "GRUGates"                 # one bias only: Linear nodes + gates
     h_next, c_next = F.lstm_cell(x, (h, c), Tensor.randn(16, 3, requires_grad=True), Tensor.randn(16, 4))
     assert h_next.node.op_name == "LSTMHidden" and c_next.node.op_name == "LSTMCellState"
     assert h_next.node.inputs[1] is c_next

@@ -11,7 +11,17 @@ import numpy as np
 
 from . import random as _random
 from .autograd import ShapeError
-from .ops import CrossEntropy, Dropout, Embedding, GRUGates, Linear, LSTMCellState, LSTMHidden, NLLLoss
+from .ops import (
+    CrossEntropy,
+    Dropout,
+    Embedding,
+    GRUCell,
+    GRUGates,
+    Linear,
+    LSTMCellState,
+    LSTMHidden,
+    NLLLoss,
+)
 from .tensor import Tensor
 
 __all__ = ["linear", "cross_entropy", "nll_loss", "mse_loss", "dropout", "embedding", "gru_cell", "lstm_cell"]
@@ -151,7 +161,7 @@ def gru_cell(x: Tensor, h: Tensor | None, w_ih: Tensor, w_hh: Tensor, b_ih: Tens
         n = tanh(x W_in^T + b_in + r * (h W_hn^T + b_hn))
         h' = (1 - z) * n + z * h
 
-    The two products are MatMul nodes (BLAS); the rest is one fused ``GRUGates`` node.
+    One fused ``GRUCell`` node: the two products on BLAS, the gates in one kernel.
 
     Args:
         x: input (B, I), or (I,) for one unbatched sample (any leading axes work).
@@ -179,9 +189,12 @@ def gru_cell(x: Tensor, h: Tensor | None, w_ih: Tensor, w_hh: Tensor, b_ih: Tens
 def gru_step(x: Tensor, h: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None,
              b_hh: Tensor | None) -> Tensor:
     """``gru_cell`` without its argument checks, for layers that check once per sequence."""
-    gi = _affine(x, w_ih, b_ih)                                      # (..., 3H)
-    gh = _affine(h, w_hh, b_hh)                                      # (..., 3H)
-    return GRUGates.apply(gi, gh, h)
+    if (b_ih is None) != (b_hh is None):             # the fused node takes both biases or neither
+        gi = _affine(x, w_ih, b_ih)                                  # (..., 3H)
+        gh = _affine(h, w_hh, b_hh)                                  # (..., 3H)
+        return GRUGates.apply(gi, gh, h)
+    biases = () if b_ih is None else (b_ih, b_hh)
+    return GRUCell.apply(x, h, w_ih, w_hh, *biases)
 
 
 def lstm_cell(x: Tensor, hx: tuple[Tensor, Tensor] | None, w_ih: Tensor, w_hh: Tensor,

@@ -32,7 +32,7 @@ from .linalg import Linear, MatMul
 from .movement import Cat, Expand, GetItem, Permute, Reshape, Stack
 from .nn import CrossEntropy, Dropout, Embedding, LogSoftmax, NLLLoss, Softmax
 from .reduce import Max, Mean, Sum
-from .rnn import GRUGates, LSTMCellState, LSTMHidden
+from .rnn import GRUCell, GRUGates, LSTMCellState, LSTMHidden
 
 __all__ = [
     "Op", "Example", "register", "registry",
@@ -41,5 +41,5 @@ __all__ = [
     "LeakyRelu", "Where", "MaskedFill", "Cast", "Linear", "MatMul", "Reshape", "Permute", "Expand",
     "GetItem", "Cat", "Stack", "Sum", "Mean", "Max", "Softmax", "LogSoftmax", "CrossEntropy",
     "NLLLoss", "Embedding", "Dropout", "MaskedSoftmax", "AdditiveScores",
-    "ScaledDotProduct", "GRUGates", "LSTMCellState", "LSTMHidden",
+    "ScaledDotProduct", "GRUGates", "GRUCell", "LSTMCellState", "LSTMHidden",
 ]

@@ -115,6 +115,75 @@ class GRUGates(Op):
 
 
 @register
+class GRUCell(Op):
+    """h = GRUGates(x W_ih^T + b_ih, h_prev W_hh^T + b_hh, h_prev): a whole GRU step in one node.
+
+    The two products run on BLAS and the gates as one kernel, as in ``GRUGates``; one node
+    instead of three (two Linear and the gates) is what an unrolled sequence pays per step
+    in graph bookkeeping.  Weights are PyTorch's: w_ih (3H, I), w_hh (3H, H), and the biases
+    (3H,) are given both or neither.
+    """
+
+    @staticmethod
+    def symbolic(sp, x, h_prev, w_ih, w_hh, b_ih=None, b_hh=None):
+        x, h_prev = np.asarray(x, dtype=object), np.asarray(h_prev, dtype=object)
+        gi = np.matmul(x, np.asarray(w_ih, dtype=object).T)
+        gh = np.matmul(h_prev, np.asarray(w_hh, dtype=object).T)
+        if b_ih is not None:
+            gi, gh = gi + np.asarray(b_ih, dtype=object), gh + np.asarray(b_hh, dtype=object)
+        return GRUGates.symbolic(sp, gi, gh, h_prev)
+
+    def forward(self, x, h_prev, w_ih, w_hh, b_ih=None, b_hh=None):
+        biases = () if b_ih is None else (b_ih, b_hh)
+        check_same_dtype(self, x, h_prev, w_ih, w_hh, *biases)
+        check_float(self, x)
+        hidden = h_prev.shape[-1] if h_prev.ndim else 0
+        if (w_ih.ndim != 2 or w_hh.ndim != 2 or tuple(w_hh.shape) != (3 * hidden, hidden)
+                or w_ih.shape[0] != 3 * hidden or x.ndim == 0 or x.shape[-1] != w_ih.shape[1]
+                or x.shape[:-1] != h_prev.shape[:-1]
+                or any(tuple(b.shape) != (3 * hidden,) for b in biases)):
+            names = ("x", "h_prev", "w_ih", "w_hh", "b_ih", "b_hh")
+            arrays = (x, h_prev, w_ih, w_hh, *biases)
+            shapes = ", ".join(f"{name} {tuple(a.shape)}" for name, a in zip(names, arrays, strict=False))
+            self.fail(f"expected x (..., I), h_prev (..., H), w_ih (3H, I), w_hh (3H, H) and biases "
+                      f"(3H,); got {shapes}")
+        kb = self.backend
+        x2, h_prev2 = _rows(kb, x), _rows(kb, h_prev)                   # (B, I), (B, H)
+        gi = kb.matmul_nt(x2, w_ih)                                     # (B, 3H)
+        gh = kb.matmul_nt(h_prev2, w_hh)                                # (B, 3H)
+        if biases:
+            gi, gh = kb.add(gi, b_ih), kb.add(gh, b_hh)
+        h, gates = kb.gru_gates(gi, gh, h_prev2)                        # (B, H), (B, 3H)
+        self.saved = (x2, h_prev2, w_ih, w_hh, gates, gh, x.shape, h_prev.shape)
+        return _unrows(kb, h, h_prev.shape)
+
+    def backward(self, dh):
+        x2, h_prev2, w_ih, w_hh, gates, gh, x_shape, state_shape = self.saved
+        kb = self.backend
+        need = self.needs_grad
+        dgi, dgh, dh_prev = kb.gru_gates_back(gates, gh, h_prev2, _rows(kb, dh))   # (B, 3H) x2, (B, H)
+        dx = _unrows(kb, kb.matmul(dgi, w_ih), x_shape) if need[0] else None      # (..., I)
+        if need[1]:
+            dh_prev = _unrows(kb, kb.add(dh_prev, kb.matmul(dgh, w_hh)), state_shape)
+        grads = (dx, dh_prev if need[1] else None,
+                 kb.matmul_tn(dgi, x2) if need[2] else None,                         # (3H, I)
+                 kb.matmul_tn(dgh, h_prev2) if need[3] else None)                    # (3H, H)
+        if len(need) == 6:
+            grads += (kb.sum(dgi, 0, False) if need[4] else None,
+                      kb.sum(dgh, 0, False) if need[5] else None)
+        return grads
+
+    @classmethod
+    def examples(cls):
+        return [Example((uniform(940, 2, 3), uniform(941, 2, 2), uniform(942, 6, 3), uniform(943, 6, 2),
+                         uniform(944, 6), uniform(945, 6))),
+                Example((uniform(946, 2, 1, 2), uniform(947, 2, 1, 1), uniform(948, 3, 2),
+                         uniform(949, 3, 1))),                                       # no biases
+                Example((uniform(950, 3), uniform(951, 1), uniform(952, 3, 3), uniform(953, 3, 1),
+                         uniform(954, 3), uniform(955, 3)))]                         # unbatched
+
+
+@register
 class LSTMCellState(Op):
     """c = sigmoid(f) c_prev + sigmoid(i) tanh(g), gates (..., 4H) in PyTorch's order (i, f, g, o).
 
