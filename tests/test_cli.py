@@ -232,3 +232,114 @@ def test_train_refuses_a_bad_seed_or_output_before_training(tmp_path, capsys):
                        "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert status == 2 and "is a directory" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- graph
+
+GRAPH_SIZE = re.compile(r"wrote the (?:gradient )?graph to (\S+): (\d+) nodes, (\d+) edges, (\d+) boxes")
+
+
+def drawn(out: str) -> tuple[str, int, int, int]:
+    """The path and the node, edge and box counts ``graph`` printed."""
+    match = GRAPH_SIZE.search(out)
+    assert match, out
+    path, nodes, edges, boxes = match.groups()
+    return path, int(nodes), int(edges), int(boxes)
+
+
+def test_cli_graph_is_listed_and_has_help(capsys):
+    assert cli.main(["--help"]) == 0
+    assert "graph" in capsys.readouterr().out
+    assert cli.main(["graph", "--help"]) == 0
+    assert "usage: tinygrad-attn graph" in capsys.readouterr().out
+
+
+def test_cli_graph_draws_an_untrained_model_as_svg(tmp_path, capsys):
+    path = tmp_path / "pictures" / "seq2seq.svg"          # the folder is created
+    assert cli.main(["graph", "--attention-edges", "--out", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "untrained model: cell='gru', attention='additive'" in out
+    assert "3 source steps, 2 decoder steps" in out
+    printed, nodes, _, boxes = drawn(out)
+    assert printed == str(path) and nodes > 20
+    # encoder, its t0..t2, decoder, its t0 and t1, one attention box in each decoder step
+    assert boxes == 9
+    svg = path.read_text()
+    assert svg.lstrip().startswith("<?xml") and "</svg>" in svg
+    for title in ("encoder", "decoder", "attention / additive_attention", "MaskedSoftmax"):
+        assert title in svg
+
+
+def test_cli_graph_dot_source_matches_the_printed_counts(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PATH", str(tmp_path))               # .dot needs no Graphviz program
+    path = tmp_path / "lstm.dot"
+    argv = ["graph", "--cell", "lstm", "--attention", "general", "--style", "luong", "--hidden", "3",
+            "--src-len", "6", "--tgt-len", "3", "--collapse", "1", "--rankdir", "LR", "--out", str(path)]
+    assert cli.main(argv) == 0
+    _, nodes, edges, boxes = drawn(capsys.readouterr().out)
+    source = path.read_text()
+    assert source.startswith("digraph") and "rankdir=LR" in source
+    assert "… 4 steps …" in source                           # encoder t1..t4 as one node
+    assert len(re.findall(r"^\s*\w+ \[label=", source, re.M)) == nodes
+    assert len(re.findall(r"^\s*\w+ -> \w+", source, re.M)) == edges
+    assert source.count("subgraph ") == boxes
+
+
+def test_cli_graph_backward_and_values(tmp_path, capsys):
+    path = tmp_path / "grad.dot"
+    assert cli.main(["graph", "--backward", "--values", "--collapse", "attention", "--out", str(path)]) == 0
+    _, nodes, _, _ = drawn(capsys.readouterr().out)
+    source = path.read_text()
+    assert "d%" in source and "= 1" in source                # gradient edges and the seed d(loss) = 1
+    assert "grad [" in source                                # --values ran backward: gradients shown
+    assert "box3d" in source                                 # each attention call folded into one box
+    assert nodes > 10
+
+
+def test_cli_graph_of_a_checkpoint_on_text_and_on_a_held_out_source(copy_checkpoint, tmp_path, capsys):
+    path = tmp_path / "copy.svg"
+    assert cli.main(["graph", str(copy_checkpoint), "--text", "abcd", "--attention-edges",
+                     "--out", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"copy model \(cell='gru'.*\): 'abcd' -> '[a-t]*', teacher-forced on its greedy "
+                     r"output: 4 source steps, \d+ decoder steps", out), out
+    assert path.stat().st_size > 1000
+    held_out = ta.data.load("copy", length=4).test[0][0]
+    assert cli.main(["graph", str(copy_checkpoint), "--tgt-len", "2", "--out", str(tmp_path / "g.dot")]) == 0
+    out = capsys.readouterr().out
+    assert f"'{''.join(held_out)}' -> " in out
+    assert re.search(r"4 source steps, [12] decoder steps", out), out    # at most --tgt-len
+
+
+def test_cli_graph_errors_are_one_line_with_status_2(tmp_path, copy_checkpoint, monkeypatch, capsys):
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("")
+    (tmp_path / "folder.svg").mkdir()
+    out = str(tmp_path / "g.svg")
+    cases = [
+        (["graph", "--out", str(tmp_path / "g.txt")], "cannot tell the format from the suffix"),
+        (["graph", "--out", str(a_file / "g.svg")], "cannot create the directory"),
+        (["graph", "--out", str(tmp_path / "folder.svg")], "is a directory"),
+        (["graph"], "required: --out"),
+        (["graph", "--text", "abc", "--out", out], "--text needs a CHECKPOINT"),
+        (["graph", "--attention", "dot", "--bidirectional", "--out", out], "attention='dot' needs"),
+        (["graph", "--collapse", "0", "--out", out], "expected a positive integer"),
+        (["graph", "--rankdir", "XY", "--out", out], "invalid choice: 'XY'"),
+        (["graph", str(tmp_path / "missing.ckpt"), "--out", out], "does not exist"),
+        (["graph", str(copy_checkpoint), "--cell", "lstm", "--src-len", "4", "--out", out],
+         "--cell, --src-len describe the untrained model"),
+        (["graph", str(copy_checkpoint), "--text", "abz!", "--out", out], "lacks: 'z', '!'"),
+    ]
+    for argv, message in cases:
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        assert len(err.strip().splitlines()) == 1, err
+        assert message in err, (argv, err)
+    assert not (tmp_path / "g.svg").exists()
+
+    monkeypatch.setenv("PATH", str(tmp_path))               # no Graphviz 'dot' to run
+    assert cli.main(["graph", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Graphviz's 'dot' program was not found" in err
+    assert "graph.dot" in err                                # the way out: write the DOT source

@@ -16,3 +16,17 @@ def test_attention_tour_prints_every_mechanism_and_passes_its_checks(capsys):
     # The dot score of s = [1, 0, .5, 0] against "i" = [1, 0, 1, 0] is 1.5, the largest.
     assert "score      1.500   0.000   1.000   0.500" in out
     assert "(attends most to 'i')" in out
+
+
+def test_render_graph_draws_a_bahdanau_step_and_a_tiny_seq2seq(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("sys.argv", ["render_graph.py", "--out-dir", str(tmp_path / "docs")])
+    runpy.run_path(str(EXAMPLES / "render_graph.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    for name in ("bahdanau_step.svg", "seq2seq.svg"):
+        svg = (tmp_path / "docs" / name).read_text()
+        assert "</svg>" in svg and "attention / additive_attention" in svg
+    # The model reverses 'f b d': step t0 reads the last letter (h_3), step t1 the middle one.
+    rows = [[float(a) for a in line.split("with")[1].split()] for line in out.splitlines()
+            if "attends to" in line]
+    assert len(rows) == 2
+    assert max(rows[0]) == rows[0][2] > 0.5 and max(rows[1]) == rows[1][1] > 0.5

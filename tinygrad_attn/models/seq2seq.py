@@ -184,7 +184,10 @@ class Seq2Seq(nn.Module):
 
     def _luong_teacher_forced(self, tgt_in: np.ndarray, memory: Memory):
         with scope("decoder"):
-            inputs = [self.drop(self.tgt_embed(tgt_in[:, t : t + 1])) for t in range(tgt_in.shape[1])]
+            inputs = []
+            for t in range(tgt_in.shape[1]):
+                with scope(f"t{t}"):
+                    inputs.append(self.drop(self.tgt_embed(tgt_in[:, t : t + 1])))   # (B, 1, E)
             outputs, _ = self.decoder.unroll(inputs, memory.states)
             tops = cat(outputs, axis=1)                                          # (B, T, H)
             with scope("attention"):
@@ -204,7 +207,10 @@ class Seq2Seq(nn.Module):
         src = _ids(src, "src")
         mask = src != PAD
         with scope("encoder"):
-            inputs = [self.drop(self.src_embed(src[:, t : t + 1])) for t in range(src.shape[1])]
+            inputs = []
+            for t in range(src.shape[1]):
+                with scope(f"t{t}"):          # the embedding joins its step's box in drawings
+                    inputs.append(self.drop(self.src_embed(src[:, t : t + 1])))  # (B, 1, E)
             outputs, finals = self.encoder.unroll(inputs, mask=mask)             # S x (B, 1, K)
             keys = cat(outputs, axis=1) if self.attention_kind is not None else None   # (B, S, K)
             states = self._bridge(finals)
