@@ -318,7 +318,10 @@ def test_values_shows_numbers_and_gradients_of_small_tensors_only():
 
 @needs_dot
 def test_attention_edges_one_dashed_edge_per_decoder_step_and_source_position():
-    model, (src, tgt_in, _), loss = seq2seq_loss(S=3, T=2, attention="additive")
+    model, (src, tgt_in, tgt_out), _ = seq2seq_loss(S=3, T=2, attention="additive")
+    with ta.no_grad():
+        model.attention.v.data *= 8.0             # untrained weights are near 1/3: spread them
+    loss = model.loss(src, tgt_in, tgt_out)
     with ta.no_grad():
         _, weights = model(src, tgt_in)                       # (1, T, S)
     digraph = viz.graph(loss, attention_edges=True)

@@ -99,8 +99,10 @@ def graph(tensor, collapse=None, backward: bool = False, values: bool = False,
         attention_edges: add one dashed red edge per (decoder step, source position): from
             the encoder state h_j to the step's attention weights node (its
             MaskedSoftmax/Softmax), pen width and opacity growing with the weight a_ij of
-            batch row 0 (averaged over query rows and heads when one node holds several),
-            labelled with the weight.  h_j is the j-th piece of the ``cat`` that built the
+            batch row 0 (averaged over query rows and heads when one node holds several, as
+            Luong-style training's one attention call for every step does: then there is one
+            edge per source position); the weights are listed in the node (hover an edge
+            for its own).  Not drawn into folded boxes.  h_j is the j-th piece of the ``cat`` that built the
             attended values, or the values node itself when they were not built by one.
         rankdir: Graphviz's direction: "TB" (top to bottom), "LR", "BT" or "RL".
 
@@ -251,7 +253,7 @@ def _kind(t) -> str:
         return "op"
     if isinstance(t, Parameter):
         return "param"
-    return "input" if t.requires_grad or t.name else "const"
+    return "input" if t.requires_grad else "const"
 
 
 def _shape_text(t) -> str:
@@ -429,9 +431,9 @@ class _Drawing:
         if self.attention_edges and _is_attention_weights(t) and t.shape[-1] <= MAX_VALUES:
             lines.append("a: " + " ".join(f"{a:.2f}" for a in _weights_row(t)))
         if self.backward and kind == "param":
-            paths = len({self.rep[id(c)] for c in self.consumers[id(t)]})
-            if paths > 1:
-                lines.append(f"grad = sum of {paths}")
+            uses = len(self.consumers[id(t)])    # every use, drawn or folded away
+            if uses > 1:
+                lines.append(f"grad = sum of {uses}")
         return "\\n".join(lines)
 
     def _node_attrs(self, t) -> dict:
@@ -581,6 +583,8 @@ class _Drawing:
     def _write_attention_edges(self, g) -> None:
         for t in self.order:
             if not _is_attention_weights(t) or id(t) in self.hidden:
+                continue
+            if self.rep[id(t)] != f"n{self.index[id(t)]}":    # folded into a box: no edges
                 continue
             values = self._attended_values(t)
             if values is None:

@@ -72,7 +72,8 @@ def heatmap(weights, src_tokens, tgt_tokens, path=None, title=None, *, backend=N
 
     Example:
         >>> output, source, tokens, attention = ta.models.translate(model, "3 may 1998", info)
-        >>> ta.viz.heatmap(attention, source, tokens + ["<end>"], "attention.svg")
+        >>> rows = tokens + ["<end>"] * (len(attention) - len(tokens))   # <end>, if produced
+        >>> ta.viz.heatmap(attention, source, rows, "attention.svg")
         PosixPath('attention.svg')
         >>> svg_text = ta.viz.heatmap(np.eye(3), list("abc"), list("xyz"))
     """
