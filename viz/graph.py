@@ -504,9 +504,10 @@ class _Drawing:
 
     def _write_cluster(self, g, tree: dict, path: str, statements: dict) -> None:
         cluster = tree[path]
-        for name in cluster.items:
-            label, attrs = statements[name]
-            g.node(name, label, **attrs)
+        # Top-level nodes (parameters, the loss) after the clusters: written first, they make
+        # dot order the encoder's steps right to left.
+        if path:
+            self._write_nodes(g, cluster.items, statements)
         for child in sorted(cluster.children, key=lambda c: _sibling_key(c, tree[c])):
             # A scope holding only one inner scope is one box: "attention / additive_attention".
             title, inner = [child.rsplit("/", 1)[-1]], child
@@ -521,6 +522,14 @@ class _Drawing:
                      labeljust="l")
             self._write_cluster(sub, tree, inner, statements)
             g.subgraph(sub)
+        if not path:
+            self._write_nodes(g, cluster.items, statements)
+
+    @staticmethod
+    def _write_nodes(g, names: list, statements: dict) -> None:
+        for name in names:
+            label, attrs = statements[name]
+            g.node(name, label, **attrs)
 
     def _write_edges(self, g) -> None:
         edges: dict[tuple[str, str], list] = {}
