@@ -178,8 +178,9 @@ def test_graph_draws_parameters_inputs_and_constants_differently():
     assert parameter.tag == f"{SVG}polygon" and parameter.get("fill") == "#c6dbef"
     (data,) = [o for label, o in shapes if label == "x (1, 2)"]
     assert data.tag == f"{SVG}ellipse"
-    ids = [outline for label, outline in shapes if label == "(1, 1) int64"]
-    assert len(ids) == 4 and all(o.get("fill") == "#eeeeee" for o in ids)     # the token ids
+    ids = [(label, outline) for label, outline in shapes if label.startswith("(1, 1) int64 ids [[")]
+    assert len(ids) == 4 and all(o.get("fill") == "#eeeeee" for _, o in ids)  # the token ids, shown
+    assert ids[0][0] in {f"(1, 1) int64 ids [[{k}]]" for k in range(V)}
 
 
 def test_graph_dot_source_is_a_stable_snapshot():

@@ -424,6 +424,8 @@ class _Drawing:
         if self.backward and kind == "op":
             lines[0] = f"%{self.index[id(t)]} {lines[0]}"   # what the edges' d%k refer to
         lines.append(_shape_text(t))
+        if kind == "const" and t.dtype.kind in "iu" and t.size <= 4 and not self.values:
+            lines.append("ids " + _numbers(t.numpy()))    # which tokens an embedding step reads
         if self.values and t.size <= MAX_VALUES:
             lines.append(_numbers(t.numpy()))
             if t.grad is not None:
