@@ -28,9 +28,7 @@ Node ids are ``n<k>`` with ``k`` the tensor's position in ``ta.viz.summary``'s l
 from __future__ import annotations
 
 import fnmatch
-import os
 import re
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +37,7 @@ import numpy as np
 
 from tinygrad_attn.nn import Parameter
 
+from .files import write_atomic
 from .text import nodes
 
 __all__ = ["graph", "render", "GraphvizNotFound", "FORMATS", "MAX_VALUES"]
@@ -154,7 +153,7 @@ def render(tensor_or_digraph, path, **graph_options) -> Path:
         digraph = tensor_or_digraph
     else:
         digraph = graph(tensor_or_digraph, **graph_options)
-    if not path.parent.is_dir():
+    if not path.parent.is_dir():       # before drawing: dot may take seconds
         raise FileNotFoundError(f"render(): the folder {str(path.parent)!r} does not exist")
     if fmt == "dot":
         data = digraph.source.encode("utf-8")
@@ -170,29 +169,8 @@ def render(tensor_or_digraph, path, **graph_options) -> Path:
                 "graphviz'), or write the DOT source, which needs no program: "
                 "ta.viz.render(t, 'graph.dot')"
             ) from error
-    _write_replacing(path, data)
+    write_atomic(path, lambda stream: stream.write(data), "render()")
     return path
-
-
-def _write_replacing(path: Path, data: bytes) -> None:
-    # A reader (a browser reloading the SVG) never sees half a file, and a failed write
-    # leaves the old picture in place.  os.open with mode 0o666, not mkstemp: the picture
-    # gets the permissions (umask) of any file the user writes, not mkstemp's private 0o600.
-    while True:
-        temporary = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
-        try:
-            handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            break
-        except FileExistsError:
-            continue
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
 
 
 def _parse_collapse(collapse) -> tuple[int | None, tuple[str, ...]]:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import html
 import importlib.util
-import os
-import secrets
 import unicodedata
 from pathlib import Path
 
 import numpy as np
+
+from .files import write_atomic
 
 BACKENDS = ("svg", "matplotlib")
 INSTALL_HINT = "pip install tinygrad_attn[plot]"
@@ -89,7 +89,7 @@ def heatmap(weights, src_tokens, tgt_tokens, path=None, title=None, *, backend=N
         text = _svg(weights, src, tgt, title, numbers)
         if path is None:
             return text
-        _write_atomic(path, lambda f: f.write(text.encode("utf-8")))
+        write_atomic(path, lambda f: f.write(text.encode("utf-8")), "heatmap")
         return path
 
     fmt = None if path is None else path.suffix[1:].lower()
@@ -99,7 +99,7 @@ def heatmap(weights, src_tokens, tgt_tokens, path=None, title=None, *, backend=N
     if path is None:
         return figure
     # 150 dpi keeps a png's labels sharp; vector formats ignore it.
-    _write_atomic(path, lambda f: figure.savefig(f, format=fmt, dpi=150))
+    write_atomic(path, lambda f: figure.savefig(f, format=fmt, dpi=150), "heatmap")
     return path
 
 
@@ -207,26 +207,6 @@ def _text_colour(rgb) -> str:
 
 def _hex(rgb) -> str:
     return "#{:02x}{:02x}{:02x}".format(*rgb)
-
-
-def _write_atomic(path: Path, write) -> None:
-    """Write through a temporary file beside ``path``, then rename it over ``path``: a reader
-    never sees half a picture, and a failed draw leaves the old file (if any) untouched."""
-    # Checked first: os.open's own error would name the temporary file, not the user's path.
-    if not path.parent.is_dir():
-        raise FileNotFoundError(f"heatmap: cannot write {str(path)!r}: the folder "
-                                f"{str(path.parent)!r} does not exist")
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    # os.open with mode 0o666 lets the umask decide the permissions, as for a plain open();
-    # tempfile's files would keep 0o600 after the rename.
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 # ---------------------------------------------------------------- svg
