@@ -544,7 +544,9 @@ class _Drawing:
                 # their forward order and these edges point back against it.
                 attrs["constraint"] = "false"
             label = ""
-            if self.backward:
+            shared = isinstance(inp, Parameter) and len(self.consumers[id(inp)]) > 1
+            if self.backward and not shared:
+                # A shared weight's node says "grad = sum of N": its N edges stay unlabelled.
                 label = f"{self._grad_name(inp)} {tuple(inp.shape)}"
             if len(uses) > 1 and source.startswith("n") and target.startswith("n"):
                 # x*x: one tensor used twice by one op (edges into a box or a "… steps …"
