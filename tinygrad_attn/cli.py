@@ -138,14 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--task", choices=ta.data.TASKS, default="dates", help="the task (default dates)")
     train.add_argument("--length", type=_positive_int, default=None,
                        help="sequence length for copy and reverse (default 10)")
-    train.add_argument("--cell", choices=("rnn", "gru", "lstm"), default="gru", help="default gru")
-    train.add_argument("--attention", choices=("dot", "general", "concat", "additive", "none"),
-                       default="additive", help="default additive (Bahdanau's score)")
-    train.add_argument("--style", choices=("bahdanau", "luong"), default="bahdanau", help="default bahdanau")
-    train.add_argument("--embed", type=_positive_int, default=64, help="embedding size (default 64)")
-    train.add_argument("--hidden", type=_positive_int, default=128, help="state size (default 128)")
-    train.add_argument("--layers", type=_positive_int, default=1, help="stacked layers (default 1)")
-    train.add_argument("--bidirectional", action="store_true", help="a bidirectional encoder")
+    _add_model_options(train, TRAIN_MODEL)
     train.add_argument("--dropout", type=_probability, default=0.0, help="default 0")
     train.add_argument("--steps", type=_positive_int, default=1500, help="optimizer steps (default 1500)")
     train.add_argument("--batch-size", type=_positive_int, default=64, help="default 64")
@@ -186,17 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a file written by 'tinygrad-attn train' (default: a tiny untrained model)")
     graph.add_argument("--text", default=None,
                        help="with CHECKPOINT: the source to encode (default: the task's first held-out one)")
-    graph.add_argument("--cell", choices=("rnn", "gru", "lstm"), default=None,
-                       help="without CHECKPOINT (default gru)")
-    graph.add_argument("--attention", choices=("dot", "general", "concat", "additive", "none"),
-                       default=None, help="without CHECKPOINT (default additive)")
-    graph.add_argument("--style", choices=("bahdanau", "luong"), default=None,
-                       help="without CHECKPOINT (default bahdanau)")
-    graph.add_argument("--embed", type=_positive_int, default=None, help="without CHECKPOINT (default 4)")
-    graph.add_argument("--hidden", type=_positive_int, default=None, help="without CHECKPOINT (default 4)")
-    graph.add_argument("--layers", type=_positive_int, default=None, help="without CHECKPOINT (default 1)")
-    graph.add_argument("--bidirectional", action="store_true", default=None,
-                       help="without CHECKPOINT: a bidirectional encoder")
+    # Defaults None: given next to a CHECKPOINT, a model option is an error (_checkpoint_loss).
+    _add_model_options(graph, GRAPH_MODEL, when="without CHECKPOINT: ", unset=True)
     graph.add_argument("--src-len", type=_positive_int, default=None, metavar="N",
                        help="without CHECKPOINT: source steps (default 3)")
     graph.add_argument("--tgt-len", type=_positive_int, default=None, metavar="N",
@@ -241,6 +225,34 @@ def build_parser() -> argparse.ArgumentParser:
     _add_threads(bench)
     bench.set_defaults(run=_bench)
     return parser
+
+
+TRAIN_MODEL = dict(cell="gru", attention="additive", style="bahdanau", embed=64, hidden=128, layers=1)
+GRAPH_MODEL = dict(cell="gru", attention="additive", style="bahdanau", embed=4, hidden=4, layers=1)
+
+
+def _add_model_options(parser: argparse.ArgumentParser, defaults: dict, when: str = "",
+                       unset: bool = False) -> None:
+    """The Seq2Seq options of ``train`` and ``graph``; ``unset`` leaves them None (``graph``
+    fills ``defaults`` in only when it builds its own model)."""
+    def default(name):
+        return None if unset else defaults[name]
+
+    parser.add_argument("--cell", choices=("rnn", "gru", "lstm"), default=default("cell"),
+                        help=f"{when}default {defaults['cell']}")
+    parser.add_argument("--attention", choices=("dot", "general", "concat", "additive", "none"),
+                        default=default("attention"),
+                        help=f"{when}default {defaults['attention']} (Bahdanau's score)")
+    parser.add_argument("--style", choices=("bahdanau", "luong"), default=default("style"),
+                        help=f"{when}default {defaults['style']}")
+    parser.add_argument("--embed", type=_positive_int, default=default("embed"),
+                        help=f"{when}embedding size (default {defaults['embed']})")
+    parser.add_argument("--hidden", type=_positive_int, default=default("hidden"),
+                        help=f"{when}state size (default {defaults['hidden']})")
+    parser.add_argument("--layers", type=_positive_int, default=default("layers"),
+                        help=f"{when}stacked layers (default {defaults['layers']})")
+    parser.add_argument("--bidirectional", action="store_true", default=None if unset else False,
+                        help=f"{when}a bidirectional encoder")
 
 
 def _add_threads(parser: argparse.ArgumentParser) -> None:
@@ -534,14 +546,13 @@ def _untrained_loss(args):
     if args.text is not None:
         raise UsageError("--text needs a CHECKPOINT (its vocabulary reads the text); without one, "
                          "an untrained model runs on random ids of --src-len")
-    attention = args.attention or "additive"
+    option = {name: getattr(args, name) or value for name, value in GRAPH_MODEL.items()}
     ta.manual_seed(0)
     try:
-        model = ta.models.Seq2Seq(_GRAPH_VOCAB, _GRAPH_VOCAB, embed=args.embed or 4, hidden=args.hidden or 4,
-                                  cell=args.cell or "gru", style=args.style or "bahdanau",
-                                  attention=None if attention == "none" else attention,
-                                  num_layers=args.layers or 1,
-                                  bidirectional=bool(args.bidirectional))
+        model = ta.models.Seq2Seq(_GRAPH_VOCAB, _GRAPH_VOCAB, embed=option["embed"], hidden=option["hidden"],
+                                  cell=option["cell"], style=option["style"],
+                                  attention=None if option["attention"] == "none" else option["attention"],
+                                  num_layers=option["layers"], bidirectional=bool(args.bidirectional))
     except ValueError as err:
         raise UsageError(str(err)) from None
     model.eval()
