@@ -526,3 +526,11 @@ def test_clip_grad_norm_matches_torch(norm_type, max_norm, dtype):
         else:
             assert p.grad.dtype == dtype
             np.testing.assert_allclose(p.grad.numpy(), tp.grad.numpy(), rtol=tol, atol=tol * 1e-3)
+
+
+def test_an_optimizer_without_an_update_rule_cannot_be_built():
+    class NoRule(optim.Optimizer):
+        pass
+
+    with pytest.raises(TypeError, match="abstract method"):
+        NoRule([nn.Parameter(np.zeros(2))], lr=0.1)

@@ -23,6 +23,7 @@ would avoid them.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -78,7 +79,7 @@ def _check_number(owner: str, name: str, value, low: float = 0.0, below: float |
     return number
 
 
-class Optimizer:
+class Optimizer(ABC):
     """Base of the optimizers: the parameters, the learning rate and per-parameter state.
 
     A subclass names its per-parameter arrays in ``state_arrays``, saves and restores its
@@ -187,9 +188,11 @@ class Optimizer:
     def _init_state(self, param: np.ndarray) -> dict:
         return {"step": 0, **{name: None for name in self.state_arrays}}
 
+    @abstractmethod
     def _update(self, param: np.ndarray, grad: np.ndarray, state: dict,
                 scratch: tuple[np.ndarray, np.ndarray]) -> None:
-        raise NotImplementedError(f"{type(self).__name__} must implement _update")
+        """Update ``param`` in place from ``grad``, ``state`` (this parameter's, updated in
+        place) and two work buffers shaped like ``param``; every optimizer defines it."""
 
     # ------------------------------------------------------------ checkpoints
 
