@@ -46,7 +46,7 @@ def test_tanh32_relative_error_and_edges():
 def small_blocks(monkeypatch):
     """Blocks of 4 queries and 3 keys, so that small inputs take many of each (and the
     kernels, which small inputs otherwise leave to the reference)."""
-    monkeypatch.setattr(reference, "SDPA_BLOCK", 4)
+    monkeypatch.setattr(cpu, "SDPA_QUERY_BLOCK", 4)
     monkeypatch.setattr(cpu, "SDPA_KEY_BLOCK", 3)
     monkeypatch.setattr(cpu, "SDPA_KERNEL_MIN", 0)
 
@@ -130,3 +130,64 @@ def test_sdpa_kernels_at_their_own_block_sizes(causal, dtype):
     for got, want in zip(cpu.sdpa_back(q, k, v, o, lse, do, mask, 0.4, causal),
                          reference.sdpa_back(q, k, v, o_ref, lse_ref, do, mask, 0.4, causal), strict=True):
         np.testing.assert_allclose(got, want, **TOL[dtype])
+
+
+def _sdpa_case(dtype, causal, n=3):
+    rng = np.random.default_rng(11)
+    q, k = rng.normal(size=(n, 90, 8)).astype(dtype), rng.normal(size=(n, 80, 8)).astype(dtype)
+    v, do = rng.normal(size=(n, 80, 5)).astype(dtype), rng.normal(size=(n, 90, 5)).astype(dtype)
+    mask = rng.random((n, 90, 80)) < 0.7
+    mask[1, 4] = False                                    # a row with nothing to attend to
+    return q, k, v, do, mask
+
+
+@pytest.fixture
+def kernels_at_any_size(monkeypatch):
+    """The kernels (not the reference) for the small inputs of these tests."""
+    monkeypatch.setattr(cpu, "SDPA_KERNEL_MIN", 0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_split_between_threads_equals_one_thread(kernels_at_any_size, causal):
+    """The heads are shared between threads (3 heads: an uneven split); each head's work is
+    the same whichever thread runs it, so the results agree exactly with one thread."""
+    import numba
+
+    q, k, v, do, mask = _sdpa_case(np.float64, causal)
+    results = []
+    before = numba.get_num_threads()
+    try:
+        for count in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
+            numba.set_num_threads(count)
+            o, lse = cpu.sdpa(q, k, v, mask, 0.5, causal)
+            results.append((o, lse, *cpu.sdpa_back(q, k, v, o, lse, do, mask, 0.5, causal)))
+    finally:
+        numba.set_num_threads(before)
+    for one, split in zip(*results, strict=True):
+        np.testing.assert_array_equal(one, split)
+    o_ref, lse_ref = reference.sdpa(q, k, v, mask, 0.5, causal)
+    np.testing.assert_allclose(results[0][0], o_ref, **TOL[np.float64])
+    assert np.all(results[0][0][1, 4] == 0) and results[0][1][1, 4] == -np.inf
+
+
+def test_sdpa_worker_error_reaches_the_caller(kernels_at_any_size, monkeypatch):
+    import numba
+
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("one CPU: the heads are not split between threads")
+    real = cpu._sdpa_heads
+
+    def failing(*args):
+        if 0 not in args[-1]:
+            raise FloatingPointError("worker")
+        real(*args)
+
+    monkeypatch.setattr(cpu, "_sdpa_heads", failing)
+    q, k, v, _, mask = _sdpa_case(np.float32, False)
+    before = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        with pytest.raises(FloatingPointError, match="worker"):
+            cpu.sdpa(q, k, v, mask, 0.5, False)
+    finally:
+        numba.set_num_threads(before)

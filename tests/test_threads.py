@@ -26,3 +26,25 @@ def test_set_num_threads_reaches_blas_and_numba():
 def test_set_num_threads_rejects_non_positive_ints(bad):
     with pytest.raises(ValueError, match="set_num_threads: n must be a positive int"):
         ta.set_num_threads(bad)
+
+
+BLAS_LIMIT_SCRIPT = """
+from threadpoolctl import threadpool_limits
+from tinygrad_attn.compiler import threads
+threadpool_limits(2, user_api="blas")
+before = threads.get_num_threads()
+with threads.blas_limited(1):
+    inside = threads.get_num_threads()
+try:
+    with threads.blas_limited(1):
+        raise KeyError
+except KeyError:
+    pass
+print(before, inside, threads.get_num_threads())
+"""
+
+
+def test_blas_limited_pins_blas_and_restores_it_even_after_an_error():
+    out = subprocess.run([sys.executable, "-c", BLAS_LIMIT_SCRIPT], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.split() == ["2", "1", "2"]
