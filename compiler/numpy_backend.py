@@ -26,7 +26,9 @@ def zeros(shape, dtype):
 
 
 def full(shape, value, dtype):
-    return np.full(shape, value, dtype=dtype)
+    out = np.empty(shape, dtype=dtype)     # np.full's Python wrapper costs ~0.5 us more
+    out.fill(value)
+    return out
 
 
 def astype(x, dtype):
@@ -184,7 +186,14 @@ def sum_to(x, shape):
 
 
 def broadcast_to(x, shape):
-    return np.asarray(np.broadcast_to(x, shape), order="C")
+    """A C-contiguous array of ``shape`` (x itself when it already is one).  Assigning into
+    an empty array broadcasts as np.broadcast_to does, without its ~2 us Python wrapper:
+    every sum's backward calls this."""
+    if x.shape == tuple(shape) and x.flags.c_contiguous:
+        return x
+    out = np.empty(shape, dtype=x.dtype)
+    out[...] = x
+    return out
 
 
 def max(x, axis, keepdims):  # noqa: A001

@@ -8,6 +8,7 @@ except Python scalars, which take the tensor's dtype.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -142,7 +143,7 @@ class Tensor:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.data.shape, dtype=np.int64))
+        return math.prod(self.data.shape)
 
     @property
     def is_leaf(self) -> bool:

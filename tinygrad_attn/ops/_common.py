@@ -31,6 +31,9 @@ def check_bool(op, x, what: str) -> None:
 
 
 def broadcast_shape(op, *arrays) -> tuple[int, ...]:
+    first = arrays[0].shape
+    if all(a.shape == first for a in arrays[1:]):     # the common case, without numpy's ~1.5 us
+        return tuple(first)
     try:
         return tuple(np.broadcast_shapes(*(a.shape for a in arrays)))
     except ValueError:
