@@ -1,7 +1,7 @@
 """Draw the engine's recorded graphs: one Bahdanau decoder step, and a whole tiny seq2seq.
 
 1. ``bahdanau_step``: one decoder step i of the lecture notes' picture, from the nn modules
-   that ``tinygrad-attn verify`` checks against sympy (``BahdanauStep``):
+   that ``tinygrad-attn verify`` checks against sympy (``ta.models.BahdanauStep``):
 
        e_ij = v . tanh(W_q s_{i-1} + W_k h_j)      additive scores of the previous state
        a_ij = softmax_j(e_ij)                       the pink node; dashed red edges from each h_j
@@ -27,16 +27,15 @@ import numpy as np
 
 import tinygrad_attn as ta
 from tinygrad_attn import Tensor
-from tinygrad_attn.cli import BahdanauStep
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
 def bahdanau_step():
-    """One decoder step's logits, its inputs named as in the notes; returns (logits, h_1..h_S)."""
+    """One decoder step's logits, its inputs named as in the notes (h_1..h_S kept in order)."""
     E, H, S, V = 2, 3, 3, 5
     ta.manual_seed(2)
-    step = BahdanauStep(embed=E, hidden=H, vocab=V)
+    step = ta.models.BahdanauStep(embed=E, hidden=H, vocab=V)
     # Untrained scores are all close to 0 and the weights close to 1/S; a larger v spreads
     # them as a trained model's are, so the edges' widths differ.
     state = step.state_dict()
@@ -56,18 +55,7 @@ def bahdanau_step():
         s.name = "s_i"
         logits = step.out(ta.cat([s, context], axis=-1))                 # (B, V)
         logits.name = "logits"
-    return logits, hs
-
-
-def step_picture(logits, hs):
-    """The Digraph of one step, with h_1, h_2, h_3 kept in reading order."""
-    digraph = ta.viz.graph(logits, attention_edges=True)
-    # dot places the sources of one node in any order it likes; an invisible chain in one
-    # rank keeps them left to right.  Node ids are n<k>, k the tensor's %k in viz.summary.
-    index = {id(t): k for k, t in enumerate(ta.viz.nodes(logits))}
-    chain = " -> ".join(f"n{index[id(h)]}" for h in hs)
-    digraph.body.append(f"\t{{rank=same; {chain} [style=invis]}}\n")
-    return digraph
+    return logits
 
 
 def tiny_seq2seq():
@@ -95,8 +83,8 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     args.out_dir.mkdir(parents=True, exist_ok=True)
 
-    logits, hs = bahdanau_step()
-    path = ta.viz.render(step_picture(logits, hs), args.out_dir / f"bahdanau_step.{args.format}")
+    logits = bahdanau_step()
+    path = ta.viz.render(logits, args.out_dir / f"bahdanau_step.{args.format}", attention_edges=True)
     print(f"one Bahdanau decoder step (E=2, H=3, S=3, V=5): {len(ta.viz.nodes(logits))} tensors -> {path}")
 
     loss, weights, source, target = tiny_seq2seq()

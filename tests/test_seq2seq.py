@@ -330,3 +330,33 @@ def test_evaluate_counts_missing_and_extra_positions_wrong():
     # right positions: 1 of 2 (too short), 1 of 3 (two extra), 1 of 1
     assert metrics["token_accuracy"] == pytest.approx(3 / 6)
     assert metrics["exact_match"] == pytest.approx(1 / 3)
+
+
+def test_bahdanau_step_from_seq2seq_is_the_models_decoder_step():
+    """The written-out step that `verify` checks with sympy and examples/render_graph.py
+    draws is the model's own: with the model's weights it gives the model's logits at every
+    teacher-forced step, fed the model's states and encoder outputs."""
+    ta.manual_seed(3)
+    model = ta.models.Seq2Seq(11, 9, embed=4, hidden=5, cell="gru", attention="additive",
+                              style="bahdanau", attn_dim=6).double()
+    rng = np.random.default_rng(3)
+    src, tgt_in = rng.integers(3, 11, size=(2, 4)), rng.integers(3, 9, size=(2, 3))
+    logits, _ = model(src, tgt_in)                                      # (B, T, V)
+    memory = model.encode(src)
+    step = ta.models.BahdanauStep.from_seq2seq(model)
+    s = memory.states[0][:, 0]                                          # (B, H)
+    for t in range(tgt_in.shape[1]):
+        y = model.tgt_embed(tgt_in[:, t])                               # (B, E)
+        want = logits.numpy()[:, t]
+        np.testing.assert_allclose(step(y, s, memory.keys).numpy(), want, rtol=1e-12, atol=1e-12)
+        context, _ = step.attention(s[:, None, :], memory.keys)
+        s = step.cell(ta.cat([y, context[:, 0]], axis=-1), s)
+
+
+@pytest.mark.parametrize("change", [dict(cell="lstm"), dict(style="luong"), dict(attention="dot"),
+                                    dict(num_layers=2), dict(bidirectional=True)])
+def test_bahdanau_step_refuses_other_models(change):
+    config = dict(cell="gru", attention="additive", style="bahdanau") | change
+    model = ta.models.Seq2Seq(7, 7, embed=3, hidden=4, **config)
+    with pytest.raises(ValueError, match="BahdanauStep.from_seq2seq: needs a model with"):
+        ta.models.BahdanauStep.from_seq2seq(model)

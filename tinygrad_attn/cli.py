@@ -30,7 +30,6 @@ from tqdm import tqdm
 
 import tinygrad_attn as ta
 
-from . import nn
 from .serialize import SerializationError
 
 __all__ = ["main", "format_attention", "bahdanau_step_check"]
@@ -616,24 +615,6 @@ def _drawing_size(digraph) -> tuple[int, int, int]:
 # ---------------------------------------------------------------- verify
 
 
-class BahdanauStep(nn.Module):
-    """One Bahdanau decoder step from nn modules: s_{i-1} scores the keys (additive), the
-    context joins the input of a GRU cell, and [s_i; c_i] is read out to logits."""
-
-    def __init__(self, embed: int, hidden: int, vocab: int):
-        super().__init__()
-        self.attention = nn.AdditiveAttention(hidden, hidden, hidden)
-        self.cell = nn.GRUCell(embed + hidden, hidden)
-        self.out = nn.Linear(2 * hidden, vocab)
-
-    def forward(self, y_prev, s_prev, keys):
-        """y_prev (B, E), s_prev (B, H), keys (B, S, H) -> logits (B, V)."""
-        context, _ = self.attention(s_prev[:, None, :], keys)            # (B, 1, H)
-        context = context[:, 0]                                          # (B, H)
-        s = self.cell(ta.cat([y_prev, context], axis=-1), s_prev)        # (B, H)
-        return self.out(ta.cat([s, context], axis=-1))                   # (B, V)
-
-
 def bahdanau_step_check():
     """``ta.check.symbolic`` on one Bahdanau decoder step at E = H = S = 2, vocabulary 6,
     batch 1, float64: every input and parameter's gradient against sympy's exact one.
@@ -642,7 +623,7 @@ def bahdanau_step_check():
     longer, and a whole 2-step seq2seq minutes (the expressions grow with every step).
     """
     ta.manual_seed(0)
-    step = BahdanauStep(embed=2, hidden=2, vocab=6).double()
+    step = ta.models.BahdanauStep(embed=2, hidden=2, vocab=6).double()
     rng = np.random.default_rng(0)
     y_prev = rng.standard_normal((1, 2))            # (B, E)
     s_prev = rng.standard_normal((1, 2))            # (B, H)
