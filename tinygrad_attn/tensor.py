@@ -492,6 +492,21 @@ class Tensor:
 
     # ------------------------------------------------------------ display
 
+    # Set by ``tinygrad_attn.viz`` when it loads (the engine never imports viz): a function
+    # from a tensor to the SVG text of its graph, or None.
+    _graph_svg = None
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
+        """What Jupyter shows: the picture of the recorded graph (once ``ta.viz`` is loaded,
+        Graphviz's ``dot`` is installed and ``ta.viz.notebook_display`` is on), else the repr.
+        Leaf tensors, which have no graph, always show their repr."""
+        bundle = {"text/plain": repr(self)}
+        if self.node is not None and Tensor._graph_svg is not None:
+            svg = Tensor._graph_svg(self)
+            if svg:
+                bundle["image/svg+xml"] = svg
+        return bundle
+
     def __repr__(self) -> str:
         body = np.array2string(self.numpy(), separator=", ", precision=4, threshold=20,
                                prefix="Tensor(")

@@ -7,10 +7,27 @@ inputs, scope); nothing in the engine imports this package.
     >>> print(viz.summary(loss))      # the graph as text, grouped by scope
     >>> viz.graph(loss)               # a graphviz.Digraph: displays as SVG in Jupyter
     >>> viz.render(loss, "loss.svg")  # or .png/.pdf (needs Graphviz's dot), .dot (source)
+
+Loading this package also makes Jupyter show a tensor that has a graph as its picture
+(``notebook_display`` turns that off and on).
 """
 
-from .graph import FORMATS, MAX_VALUES, GraphvizNotFound, graph, render
+from tinygrad_attn.tensor import Tensor
+
+from .graph import (
+    FORMATS,
+    MAX_VALUES,
+    NOTEBOOK_COLLAPSE_ABOVE,
+    GraphvizNotFound,
+    _notebook_svg,
+    graph,
+    notebook_display,
+    render,
+)
 from .heatmap import heatmap
 from .text import nodes, summary
 
-__all__ = ["heatmap", "nodes", "summary", "graph", "render", "GraphvizNotFound", "FORMATS", "MAX_VALUES"]
+__all__ = ["heatmap", "nodes", "summary", "graph", "render", "notebook_display", "GraphvizNotFound",
+           "FORMATS", "MAX_VALUES", "NOTEBOOK_COLLAPSE_ABOVE"]
+
+Tensor._graph_svg = staticmethod(_notebook_svg)

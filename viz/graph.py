@@ -30,6 +30,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 import graphviz
@@ -171,6 +172,37 @@ def render(tensor_or_digraph, path, **graph_options) -> Path:
             ) from error
     write_atomic(path, lambda stream: stream.write(data), "render()")
     return path
+
+
+# Above this many tensors a notebook shows the first and last 2 steps (collapse=2).
+NOTEBOOK_COLLAPSE_ABOVE = 200
+_notebook = {"enabled": True}
+
+
+def notebook_display(enabled: bool = True) -> None:
+    """Whether Jupyter shows a tensor that has a recorded graph as a picture of the graph
+    (on by default once ``ta.viz`` is loaded; its text repr is always in the output too).
+
+    A graph of more than NOTEBOOK_COLLAPSE_ABOVE tensors is drawn with ``collapse=2``.
+    Without Graphviz's ``dot`` a tensor shows as text.  ``ta.viz.graph(t, ...)`` returns a
+    Digraph, which Jupyter also shows as SVG, with every option of ``graph``.
+
+        >>> ta.viz.notebook_display(False)     # tensors show as text again
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"notebook_display(): enabled must be True or False, got {enabled!r}")
+    _notebook["enabled"] = enabled
+
+
+def _notebook_svg(tensor) -> str | None:
+    """The SVG Jupyter shows for a tensor (Tensor._repr_mimebundle_), or None for text."""
+    if not _notebook["enabled"]:
+        return None
+    collapse = 2 if len(nodes(tensor)) > NOTEBOOK_COLLAPSE_ABOVE else None
+    try:
+        return graph(tensor, collapse=collapse).pipe(format="svg", encoding="utf-8")
+    except graphviz.ExecutableNotFound:
+        return None
 
 
 def _parse_collapse(collapse) -> tuple[int | None, tuple[str, ...]]:
@@ -504,6 +536,7 @@ class _Drawing:
             g.subgraph(sub)
         if not path:
             self._write_nodes(g, cluster.items, statements)
+            self._write_rows(g)
 
     @staticmethod
     def _write_nodes(g, names: list, statements: dict) -> None:
@@ -562,6 +595,32 @@ class _Drawing:
             seed = f"d{self._name(self.root)} = 1" if self.root.size == 1 else f"d{self._name(self.root)}"
             g.node("seed", seed, shape="plaintext", fontsize="10")
             g.edge("seed", self.rep[id(self.root)], label=f"{tuple(self.root.shape)}")
+
+    def _input_rows(self) -> list:
+        """Inputs that one op reads together (h_1, h_2, h_3 into a cat), each row to be drawn
+        left to right in argument order (dot places them as it likes).  Only inputs drawn
+        outside every box: inside a cluster dot ignores both this and ``ordering=in``."""
+        rows = []
+        for t in self.order:
+            if t.node is None:
+                continue
+            names = []
+            for inp in t.node.inputs:
+                name = self.rep.get(id(inp))
+                if (name == f"n{self.index[id(inp)]}" and name not in names
+                        and _kind(inp) == "input" and not self.scope[id(inp)]):
+                    names.append(name)
+            if len(names) > 1:
+                rows.append(names)
+        return rows
+
+    def _write_rows(self, g) -> None:
+        """An invisible chain in one rank keeps each row of inputs in order."""
+        for names in self._input_rows():
+            with g.subgraph() as row:
+                row.attr(rank="same")
+                for left, right in pairwise(names):
+                    row.edge(left, right, style="invis")
 
     def _first_use(self, t) -> str:
         """The DOT node of a tensor's earliest consumer: lowest time step, then first made."""
