@@ -259,7 +259,7 @@ def masked_softmax(x, mask):
     if x.size == 0:
         return reference.masked_softmax(x, mask)
     out = np.empty(x.shape, dtype=x.dtype)
-    rows_mask = _rows(np.broadcast_to(mask, x.shape))
+    rows_mask = _rows(mask if mask.shape == x.shape else np.broadcast_to(mask, x.shape))
     _pick(_softmax_serial, _softmax_parallel, x)(_rows(x), rows_mask, True, _rows(out))
     return out
 

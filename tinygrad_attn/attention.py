@@ -38,7 +38,7 @@ import numpy as np
 from . import functional
 from .autograd import ShapeError, scope
 from .ops import AdditiveScores, MaskedSoftmax, ScaledDotProduct
-from .ops._common import broadcasts_to
+from .ops._common import batch_shape, broadcasts_to
 from .tensor import Tensor
 
 __all__ = [
@@ -139,7 +139,7 @@ class _Layout:
         self.keys = keys
         self.values = values
         try:
-            batch = np.broadcast_shapes(self.query.shape[:-2], keys.shape[:-2], values.shape[:-2])
+            batch = batch_shape(self.query.shape[:-2], keys.shape[:-2], values.shape[:-2])
         except ValueError:
             _fail(fname, f"batch axes do not broadcast: query {query.shape}, keys {keys.shape}, "
                          f"values {values.shape}")

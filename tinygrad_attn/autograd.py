@@ -229,19 +229,19 @@ class Op:
     @classmethod
     def apply(cls, *inputs, **attrs):
         """Run the op on tensors and record it in the graph when a gradient is needed."""
-        tensor_cls = _tensor_class()
         backend = inputs[0].backend
-        for t in inputs[1:]:
+        needs_grad = tuple([t.requires_grad for t in inputs])
+        for t in inputs:
             if t.backend is not backend:
                 devices = ", ".join(f"{x.device} {x.shape}" for x in inputs)
                 raise DeviceError(f"{cls.name}: inputs are on different devices ({devices}); "
                                   f"move them with .to(device) first")
         op = cls(backend, **attrs)
-        record = _state.grad_enabled and any(t.requires_grad for t in inputs)
+        record = _state.grad_enabled and True in needs_grad
         if record:
-            op.needs_grad = tuple(t.requires_grad for t in inputs)
+            op.needs_grad = needs_grad
         data = op.forward(*[t.data for t in inputs])
-        out = tensor_cls._make(data, backend, record)
+        out = (_TENSOR or _tensor_class())._make(data, backend, record)
         if record:
             where = _user_frame() if _state.anomaly else None
             out.node = Node(op, inputs, current_scope(), where)

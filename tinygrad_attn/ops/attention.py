@@ -12,6 +12,7 @@ import numpy as np
 
 from ..autograd import Example, Op, register
 from ._common import (
+    batch_shape,
     broadcast_shape,
     broadcasts_to,
     check_bool,
@@ -94,7 +95,7 @@ class AdditiveScores(Op):
             self.fail(f"the attention sizes A differ: q {tuple(q.shape)}, k {tuple(k.shape)}, "
                       f"v {tuple(v.shape)}")
         try:
-            batch = tuple(np.broadcast_shapes(q.shape[:-2], k.shape[:-2]))
+            batch = batch_shape(q.shape[:-2], k.shape[:-2])
         except ValueError:
             self.fail(f"batch axes of q {tuple(q.shape)} and k {tuple(k.shape)} do not broadcast")
         kb = self.backend
@@ -149,7 +150,7 @@ class ScaledDotProduct(Op):
             self.fail(f"q {tuple(q.shape)} and k {tuple(k.shape)} must share D, k and v "
                       f"{tuple(v.shape)} must share T_k")
         try:
-            batch = tuple(np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2]))
+            batch = batch_shape(q.shape[:-2], k.shape[:-2], v.shape[:-2])
         except ValueError:
             self.fail(f"batch axes of q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
                       f"do not broadcast")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd import Example, Op, register
-from ._common import check_float, check_same_dtype, uniform
+from ._common import batch_shape, check_float, check_same_dtype, uniform
 
 
 def _matmul_flat(k, a, b):
@@ -38,7 +38,7 @@ class MatMul(Op):
             self.fail(f"inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)} "
                       f"({a2.shape[-1]} != {b2.shape[-2]})")
         try:
-            batch = np.broadcast_shapes(a2.shape[:-2], b2.shape[:-2])
+            batch = batch_shape(a2.shape[:-2], b2.shape[:-2])
         except ValueError:
             self.fail(f"batch axes do not broadcast: {tuple(a.shape)} @ {tuple(b.shape)}")
         y2 = _matmul_flat(k, a2, b2)                               # (..., n, m)
