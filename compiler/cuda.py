@@ -1135,6 +1135,16 @@ def _sdpa_rows(words_per_row, itemsize: int, what: str, shape) -> int:
                      f"({SHARED_BYTES} bytes)")
 
 
+@cuda.jit(device=True)
+def _load_tile(shared, at, src, n, first, scale, zero):
+    """Rows first .. first + blockDim of src[n], times scale, into shared[at:] row after row
+    (zeros past the last row); the block's threads share the copy entry by entry."""
+    rows, length, width = cuda.blockDim.x, src.shape[1], src.shape[2]
+    for idx in range(cuda.threadIdx.x, rows * width, rows):
+        r = first + idx // width
+        shared[at + idx] = src[n, r, idx % width] * scale if r < length else zero
+
+
 @_per_dtype
 def _sdpa_forward_kernel(nb_type, dtype):
     zero, one, neg_inf = dtype.type(0), dtype.type(1), dtype.type(-np.inf)
@@ -1171,12 +1181,8 @@ def _sdpa_forward_kernel(nb_type, dtype):
             total = zero
             for k0 in range(0, stop, rows):
                 cuda.syncthreads()                       # every thread is done with the last tile
-                for idx in range(t, rows * d, rows):
-                    j = k0 + idx // d
-                    shared[k_at + idx] = k[n, j, idx % d] if j < t_k else zero
-                for idx in range(t, rows * d_v, rows):
-                    j = k0 + idx // d_v
-                    shared[v_at + idx] = v[n, j, idx % d_v] if j < t_k else zero
+                _load_tile(shared, k_at, k, n, k0, one, zero)
+                _load_tile(shared, v_at, v, n, k0, one, zero)
                 cuda.syncthreads()
                 if live:
                     tile_max = neg_inf
@@ -1236,7 +1242,7 @@ def _sdpa_delta_kernel(delta, do, o):
 
 @_per_dtype
 def _sdpa_dq_kernel(nb_type, dtype):
-    zero, neg_inf = dtype.type(0), dtype.type(-np.inf)
+    zero, one, neg_inf = dtype.type(0), dtype.type(1), dtype.type(-np.inf)
 
     @cuda.jit
     def sdpa_dq(dq, q, k, v, lse, delta, do, mask, has_mask, scale, causal):
@@ -1268,12 +1274,8 @@ def _sdpa_dq_kernel(nb_type, dtype):
             row_delta = delta[n, i] if live else zero
             for k0 in range(0, stop, rows):
                 cuda.syncthreads()
-                for idx in range(t, rows * d, rows):
-                    j = k0 + idx // d
-                    shared[k_at + idx] = k[n, j, idx % d] if j < t_k else zero
-                for idx in range(t, rows * d_v, rows):
-                    j = k0 + idx // d_v
-                    shared[v_at + idx] = v[n, j, idx % d_v] if j < t_k else zero
+                _load_tile(shared, k_at, k, n, k0, one, zero)
+                _load_tile(shared, v_at, v, n, k0, one, zero)
                 cuda.syncthreads()
                 if live:
                     for jj in range(rows):
@@ -1299,7 +1301,7 @@ def _sdpa_dq_kernel(nb_type, dtype):
 
 @_per_dtype
 def _sdpa_dkv_kernel(nb_type, dtype):
-    zero, neg_inf = dtype.type(0), dtype.type(-np.inf)
+    zero, one, neg_inf = dtype.type(0), dtype.type(1), dtype.type(-np.inf)
 
     @cuda.jit
     def sdpa_dkv(dk, dv, q, k, v, lse, delta, do, mask, has_mask, scale, causal):
@@ -1335,12 +1337,8 @@ def _sdpa_dkv_kernel(nb_type, dtype):
                 shared[dv_at + t * v_pad + dd] = zero
             for q0 in range(start, t_q, rows):
                 cuda.syncthreads()
-                for idx in range(t, rows * d, rows):
-                    i = q0 + idx // d
-                    shared[q_at + idx] = q[n, i, idx % d] * scale if i < t_q else zero
-                for idx in range(t, rows * d_v, rows):
-                    i = q0 + idx // d_v
-                    shared[do_at + idx] = do[n, i, idx % d_v] if i < t_q else zero
+                _load_tile(shared, q_at, q, n, q0, scale, zero)
+                _load_tile(shared, do_at, do, n, q0, one, zero)
                 i = q0 + t
                 shared[lse_at + t] = lse[n, i] if i < t_q else neg_inf
                 shared[delta_at + t] = delta[n, i] if i < t_q else zero
