@@ -395,6 +395,7 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
     # gradients are added into it in place.  A buffer an op returned may be shared (Add
     # hands the same dy to both inputs), so the first sum always makes a new one.
     owned: set[int] = set()
+    anomaly = _state.anomaly
     for t in toposort(root):
         g = grads.pop(id(t), None)
         if g is None:
@@ -415,12 +416,12 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
         if len(input_grads) != len(node.inputs):
             raise RuntimeError(f"{op.name}.backward returned {len(input_grads)} gradients "
                                f"for {len(node.inputs)} inputs")
-        if _state.anomaly:
+        if anomaly:
             _check_finite(node, input_grads)
         for inp, gi in zip(node.inputs, input_grads, strict=True):
             if gi is None or not inp.requires_grad:
                 continue
-            if tuple(gi.shape) != inp.shape:
+            if gi.shape != inp.data.shape:
                 raise RuntimeError(f"{op.name}.backward returned a gradient of shape "
                                    f"{tuple(gi.shape)} for an input of shape {inp.shape}")
             key = id(inp)
