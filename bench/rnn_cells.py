@@ -226,8 +226,8 @@ def bench_threshold(repeats: int) -> None:
 
     # Minima, not medians: other processes slow the prange driver (which waits for every
     # thread) far more than the serial one, and the quietest repeat is the fairest.
-    print(f"serial / prange driver, us per call (minima of {repeats}); thread pool "
-          f"{numba.threading_layer()}, PARALLEL_MIN_ENTRIES = {cpu_rnn.PARALLEL_MIN_ENTRIES}")
+    print(f"serial / prange driver, us per call (minima of {repeats}); "
+          f"PARALLEL_MIN_ENTRIES = {cpu_rnn.PARALLEL_MIN_ENTRIES}")
     print(f"{'dtype':<9}{'B x H':>12}{'entries':>9}  " + "".join(f"{k:>24}" for k in cpu_rnn.KERNELS))
     for dtype in (np.float32, np.float64):
         for batch, hidden in THRESHOLD_SIZES:
@@ -257,6 +257,8 @@ def bench_threshold(repeats: int) -> None:
                 cells.append(f"{minima[0]:>10.1f} / {minima[1]:>9.1f}")
             print(f"{np.dtype(dtype).name:<9}{f'{batch} x {hidden}':>12}{batch * hidden:>9}  " + "".join(
                 f"{cell:>24}" for cell in cells))
+    # Only now: the pool starts with the first parallel kernel.
+    print(f"thread pool: {numba.threading_layer()}")
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ from numba import float32, float64, njit, prange, vectorize
 
 from . import numpy_backend as reference
 from . import scalar, threads
-from .numba_support import FAST, _exp, _like, _sigmoid, _tanh
+from .numba_support import FAST, _exp, _like, _sigmoid, _tanh, parallel_min
 
 __all__ = ["KERNELS"]
 
@@ -58,9 +58,16 @@ _relu_back_map = vectorize(_BINARY, **_MAP)(scalar.relu_back)
 # ---------------------------------------------------------------- row kernels
 
 # Each row kernel is a function of one row index (``_*_row``) run by a serial or a parallel
-# loop.  Waking the second thread costs ~9 µs, so small inputs (a decoder step's softmax
-# over 20 source positions for a batch of 32) take the serial loop.
-PARALLEL_MIN = 16384          # entries
+# loop.  Waking the second thread costs 9-90 µs (numba_support.launch_us), so small inputs
+# (a decoder step's softmax over 20 source positions for a batch of 32) take the serial loop.
+PARALLEL_MIN = 12288          # entries from which the parallel loop pays, at a 10 µs launch
+_parallel_min: dict[int, int] = {}      # the same for this process's launch cost
+
+
+def _scaled(entries_at_10us: int) -> int:
+    if entries_at_10us not in _parallel_min:
+        _parallel_min[entries_at_10us] = parallel_min(entries_at_10us)
+    return _parallel_min[entries_at_10us]
 
 
 @njit(cache=True, fastmath=FAST)
@@ -232,7 +239,7 @@ def _cross_entropy_back_parallel(logits, lse, target, ignore_index, dloss, dx):
 
 
 def _pick(serial, parallel, x):
-    return parallel if x.size >= PARALLEL_MIN else serial
+    return parallel if x.size >= _scaled(PARALLEL_MIN) else serial
 
 
 # ---------------------------------------------------------------- softmax and log-softmax
@@ -333,9 +340,10 @@ def embedding_back(num_rows, ids, dy, padding_idx):
 
 # ---------------------------------------------------------------- additive (Bahdanau) scores
 
-# Below this many tanh evaluations a serial kernel wins: waking the second thread costs
-# ~2 µs, about what 16K vectorised float32 tanh take on one core.
-ADDITIVE_PARALLEL_MIN = 16384
+# Below this many tanh evaluations (at a 10 µs launch; scaled by _scaled) a serial kernel
+# wins: a core runs ~2000 float32 (q + k) tanh products a microsecond, so a second thread
+# saves a 10 µs launch only beyond ~40K.
+ADDITIVE_PARALLEL_MIN = 40960
 
 
 @njit(cache=True, fastmath=FAST, error_model="numpy")
@@ -405,7 +413,7 @@ def additive_scores(q, k, v):
     e = np.empty((q.shape[0], q.shape[1], k.shape[1]), dtype=q.dtype)
     if e.size == 0 or q.shape[2] == 0:
         return reference.additive_scores(q, k, v)
-    big = q.shape[0] * q.shape[1] * k.shape[1] * q.shape[2] >= ADDITIVE_PARALLEL_MIN
+    big = q.shape[0] * q.shape[1] * k.shape[1] * q.shape[2] >= _scaled(ADDITIVE_PARALLEL_MIN)
     (_additive_scores_parallel if big else _additive_scores_serial)(q, k, v, e)
     return e
 
@@ -419,7 +427,7 @@ def additive_scores_back(q, k, v, de):
     dq = np.zeros_like(q)
     dk = np.zeros_like(k)
     dv_parts = np.zeros((q.shape[0], v.shape[0]), dtype=v.dtype)
-    big = q.shape[0] * q.shape[1] * k.shape[1] * q.shape[2] >= ADDITIVE_PARALLEL_MIN
+    big = q.shape[0] * q.shape[1] * k.shape[1] * q.shape[2] >= _scaled(ADDITIVE_PARALLEL_MIN)
     kernel = _additive_back_parallel if big and q.shape[0] > 1 else _additive_back_serial
     kernel(q, k, v, de, dq, dk, dv_parts)
     return dq, dk, dv_parts.sum(axis=0)

@@ -11,9 +11,9 @@ sigmoid and tanh come from ``numba_support``: polynomials that vectorise for flo
 for float64 (whose results equal the reference's to rounding).
 
 Recurrent cells are often tiny (a seq2seq decoder step at B=8, H=32 is 256 entries, about
-2 us of float32 work), and waking Numba's threads costs ~9 to ~55 us depending on the
-thread pool, so each kernel has a serial driver and a ``prange`` driver over batch rows,
-chosen by size, dtype and pool (``PARALLEL_MIN_ENTRIES``).
+2 us of float32 work), and waking Numba's threads costs 9 to 90 us depending on the machine
+and the thread pool, so each kernel has a serial driver and a ``prange`` driver over batch
+rows, chosen by size, dtype and the measured launch cost (``PARALLEL_MIN_ENTRIES``).
 
 Every kernel is compiled on first use and cached on disk (``cache=True``); inputs are made
 C-contiguous 2-D so each kernel has one signature per float dtype.
@@ -21,22 +21,18 @@ C-contiguous 2-D so each kernel has one signature per float dtype.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 from numba import njit, prange
 
-from .numba_support import FAST, _like, _sigmoid, _tanh
+from .numba_support import FAST, _like, _sigmoid, _tanh, parallel_min
 
 __all__ = ["KERNELS", "PARALLEL_MIN_ENTRIES"]
 
-# B * H from which the prange drivers run, by thread pool and dtype; measured with
-# bench/rnn_cells.py --threshold on 2 Zen 4 cores.  OpenMP with passive waiting (or TBB)
-# starts a parallel kernel in ~9 us here, "workqueue" in ~55 us.  float64 pays libm's exp and
-# tanh (~10x float32's polynomials), so a second core pays off at smaller sizes.
-PARALLEL_MIN_ENTRIES = {
-    "omp": {"float32": 8192, "float64": 2048},
-    "workqueue": {"float32": 262144, "float64": 32768},
-}
+# B * H from which the prange drivers run, by dtype, where a parallel launch costs 10 µs;
+# scaled by the launch cost measured in this process (numba_support.parallel_min).  From
+# bench/rnn_cells.py --threshold on 2 Zen 4 cores.  float64 pays libm's exp and tanh (~10x
+# float32's polynomials), so a second core pays off at smaller sizes.
+PARALLEL_MIN_ENTRIES = {"float32": 8192, "float64": 2048}
 
 # error_model="numpy": Python's model puts a zero test in front of every division (here only
 # by 1 + e >= 1 and e^{2x} + 1 >= 1), which stops LLVM vectorising the loops: a float32
@@ -221,18 +217,15 @@ def _lstm_hidden_back_parallel(act, dh, dgates, dc):
 # ---------------------------------------------------------------- kernels (the reference's signatures)
 
 
-_POOL: list = []                  # the thread pool's name, once numba has started one
+_MIN: dict[int, int] = {}        # itemsize -> PARALLEL_MIN_ENTRIES scaled to this process
 
 
 def _use_prange(entries: int, dtype) -> bool:
-    if not _POOL:
-        try:
-            _POOL.append("workqueue" if numba.threading_layer() == "workqueue" else "omp")
-        except ValueError:        # no pool yet: it starts with the first parallel kernel
-            pass
-    thresholds = PARALLEL_MIN_ENTRIES[_POOL[0] if _POOL else "workqueue"]
     # itemsize, not dtype.name: the name is rebuilt on every access (~30 us, per gate kernel).
-    return entries >= thresholds["float32" if dtype.itemsize == 4 else "float64"]
+    size = dtype.itemsize
+    if size not in _MIN:
+        _MIN[size] = parallel_min(PARALLEL_MIN_ENTRIES["float32" if size == 4 else "float64"])
+    return entries >= _MIN[size]
 
 
 def _driver(out, serial, parallel):

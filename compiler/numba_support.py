@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
+import time
 
 import numba
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import njit, prange, types
 from numba.extending import intrinsic, overload
 from numba.np.ufunc.parallel import _launch_threads
 
@@ -201,3 +203,43 @@ def _sigmoid(x):
     one = _like(x, 1.0)
     s = one / (one + e)
     return s if x >= 0 else e * s
+
+
+# ---------------------------------------------------------------- serial or parallel
+
+
+@njit(cache=True, parallel=True)
+def _empty_parallel(x):
+    for i in prange(x.shape[0]):
+        x[i] += 1.0
+
+
+_LAUNCH_US: list[float] = []
+
+
+def launch_us() -> float:
+    """Microseconds to start one parallel kernel in this process, measured on first use:
+    the median of 15 launches of a kernel with nothing to do (about a millisecond in all).
+
+    Measured, not assumed, because it differs by machine and pool: ~9 µs on one machine of
+    this project's kind and ~50 µs on another (OpenMP whose sleeping threads are woken
+    through the kernel), 55-90 µs with "workqueue", 1.4 µs with spinning threads."""
+    if not _LAUNCH_US:
+        x = np.zeros(2)
+        _empty_parallel(x)                  # compiled or loaded, and the pool started
+        samples = []
+        for _ in range(15):
+            start = time.perf_counter()
+            _empty_parallel(x)
+            samples.append(time.perf_counter() - start)
+        _LAUNCH_US.append(statistics.median(samples) * 1e6)
+    return _LAUNCH_US[0]
+
+
+def parallel_min(entries_at_10us: int) -> int:
+    """How many entries a prange kernel needs to beat its serial loop here, given how many
+    it needed where a launch cost 10 µs.  Two threads save half the serial time, which grows
+    with the entries, and pay one launch: the break-even size grows with the launch cost.
+    (Measured on one machine at a 50 µs launch: softmax rows broke even at ~64K entries,
+    against ~12K at 10 µs.)"""
+    return int(entries_at_10us * max(launch_us(), 1.0) / 10.0)

@@ -74,7 +74,7 @@ def test_sdpa_online_softmax_across_key_blocks(small_blocks, t_q, t_k, masked, c
 
 
 @pytest.mark.parametrize("n, t_q, t_k, a", [(1, 1, 1, 1), (3, 1, 20, 128), (2, 37, 23, 17), (33, 2, 5, 64)])
-def test_additive_scores_float32_within_rounding_of_float64(n, t_q, t_k, a):
+def test_additive_scores_float32_within_rounding_of_float64(loop, n, t_q, t_k, a):
     """Large sums, serial and parallel kernels: each float32 result is within a few float32
     roundings of the float64 reference, measured against the sum of its terms' sizes."""
     rng = np.random.default_rng(n * 1000 + t_q)
@@ -93,15 +93,21 @@ def test_additive_scores_float32_within_rounding_of_float64(n, t_q, t_k, a):
     assert dq.dtype == dk.dtype == dv.dtype == e.dtype == np.float32
 
 
-@pytest.mark.parametrize("rows", [3, 200])      # below and above cpu.PARALLEL_MIN entries
+@pytest.fixture(params=["serial", "parallel"])
+def loop(request, monkeypatch):
+    """Every size-chosen kernel of cpu.py takes its serial (or its parallel) loop."""
+    monkeypatch.setattr(cpu, "_scaled", lambda entries: 2**62 if request.param == "serial" else 0)
+    return request.param
+
+
+@pytest.mark.parametrize("rows", [3, 200])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_row_kernels_serial_and_parallel_loops(rows, dtype):
+def test_row_kernels_serial_and_parallel_loops(loop, rows, dtype):
     rng = np.random.default_rng(rows)
     x = (rng.normal(size=(rows, 100)) * 10).astype(dtype)
     dy = rng.normal(size=x.shape).astype(dtype)
     mask = rng.random(x.shape) < 0.5
     target = rng.integers(0, 100, size=rows)
-    assert (x.size >= cpu.PARALLEL_MIN) == (rows == 200)
     y, logy = reference.softmax(x, -1), reference.log_softmax(x, -1)
     cases = [("softmax", (x, -1)), ("masked_softmax", (x, mask)), ("log_softmax", (x, -1)),
              ("softmax_back", (y, dy, -1)), ("log_softmax_back", (logy, dy, -1)),
@@ -191,3 +197,12 @@ def test_sdpa_worker_error_reaches_the_caller(kernels_at_any_size, monkeypatch):
             cpu.sdpa(q, k, v, mask, 0.5, False)
     finally:
         numba.set_num_threads(before)
+
+
+def test_parallel_thresholds_grow_with_the_measured_launch_cost(monkeypatch):
+    cost = numba_support.launch_us()
+    assert 0 < cost < 1e5 and numba_support.launch_us() == cost          # measured once
+    monkeypatch.setattr(numba_support, "_LAUNCH_US", [50.0])
+    assert numba_support.parallel_min(12288) == 61440
+    monkeypatch.setattr(numba_support, "_LAUNCH_US", [10.0])
+    assert numba_support.parallel_min(12288) == 12288
