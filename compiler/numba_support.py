@@ -45,9 +45,10 @@ def _start_threads() -> None:
     A parallel kernel launch costs 9-50 µs on OpenMP with passive waiting (by machine; see
     ``launch_us``), 55-90 µs on "workqueue" and, with OpenMP's default active waiting, 1.4 µs,
     but then idle threads keep spinning and compete for the two cores with the BLAS threads
-    of the next matrix product (a 128x128 attention step went from 0.15 to 10 ms).  GNU OpenMP reads OMP_WAIT_POLICY once,
-    when it loads, so the variable is set only while Numba loads it and then removed again:
-    other OpenMP users in the process (PyTorch's own copy, say) load with their defaults.
+    of the next matrix product (a 128x128 attention step went from 0.15 to 10 ms).  GNU
+    OpenMP reads OMP_WAIT_POLICY once, when it loads, so the variable is set only while Numba
+    loads it and then removed again: other OpenMP users in the process (PyTorch's own copy,
+    say) load with their defaults.
     Your own NUMBA_THREADING_LAYER or OMP_WAIT_POLICY wins.  Like every OpenMP program the
     pool must not be used in a child process forked after it started.  If another OpenMP
     runtime is already loaded (PyTorch imported first), "workqueue" it is (see below)."""
