@@ -22,6 +22,7 @@ kept few by passing C-contiguous 2-D/3-D arrays only.
 from __future__ import annotations
 
 import math
+import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 
 import numba
@@ -435,8 +436,8 @@ def additive_scores_back(q, k, v, de):
 
 # ---------------------------------------------------------------- scaled dot-product attention
 
-# Work is split by head: each of up to ``numba.get_num_threads()`` Python threads takes a
-# share of the N = batch x heads axis and runs the whole blocked algorithm on it, with BLAS
+# Work is split by head: each of up to ``ta.set_num_threads``'s count of Python threads (else
+# Numba's) takes a share of the N = batch x heads axis and runs the whole blocked algorithm on it, with BLAS
 # pinned to one thread meanwhile.  The kernels below are serial and release the GIL
 # (``nogil``), and so does numpy's matmul, so the threads run side by side.  Measured at
 # (N, T, D) = (64, 512, 64): ~100 ms forward+backward this way, against 170-240 ms when each
@@ -629,21 +630,27 @@ def _sdpa_back_heads(q, k, v, o, lse, do, mask, scale, causal, dq, dk, dv, heads
 
 
 _pool: list[ThreadPoolExecutor] = []
+# One split at a time in the process: BLAS's thread count is process-wide, so two callers
+# pinning and restoring it in turn would undo each other (and they compete for the cores).
+_split_lock = threading.Lock()
 
 
 def _over_heads(work, n, *args):
-    """Run work(*args, heads) over the N axis: in this thread, or split between
-    numba.get_num_threads() threads with BLAS at one thread each while they run."""
-    workers = min(numba.get_num_threads(), n)
+    """Run work(*args, heads) over the N axis: in this thread, or split between as many
+    threads as ``ta.set_num_threads`` asked for (else this thread's Numba count), with BLAS
+    at one thread while they run."""
+    workers = min(threads.requested() or numba.get_num_threads(), numba.config.NUMBA_NUM_THREADS, n)
     if workers <= 1:
         work(*args, range(n))
         return
-    if not _pool:
-        _pool.append(ThreadPoolExecutor(numba.config.NUMBA_NUM_THREADS, "sdpa-heads"))
     shares = [range(n * w // workers, n * (w + 1) // workers) for w in range(workers)]
-    with threads.blas_limited(1):
-        futures = [_pool[0].submit(work, *args, heads) for heads in shares[1:]]
+    futures = []
+    with _split_lock, threads.one_blas_thread():
+        if not _pool:
+            _pool.append(ThreadPoolExecutor(numba.config.NUMBA_NUM_THREADS, "sdpa-heads"))
         try:
+            for heads in shares[1:]:
+                futures.append(_pool[0].submit(work, *args, heads))
             work(*args, shares[0])
         finally:
             wait(futures)               # never leave a thread writing into the outputs

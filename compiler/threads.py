@@ -59,21 +59,30 @@ _blas: list = []
 
 
 @contextlib.contextmanager
-def blas_limited(n: int):
-    """BLAS at no more than ``n`` threads inside the block, for work that runs its own
-    threads, each calling BLAS (two threads of two-threaded BLAS took 186-335 ms where
-    one-threaded BLAS took 100).  Switching costs ~1 µs: the libraries are found once."""
+def one_blas_thread():
+    """BLAS at one thread inside the block, for work that runs its own threads, each calling
+    BLAS (two threads of two-threaded BLAS took 186-335 ms where one-threaded BLAS took 100).
+
+    The count is process-wide: callers in several threads must take turns (compiler/cpu.py
+    holds a lock around it).  Switching costs ~1 µs: the libraries are found once.  This
+    OpenBLAS (0.3.31) ignored the call from a thread other than the main one once the main
+    thread had set a count; the block then runs with BLAS's own threads, slower, not wrong."""
     if not _blas:
         from threadpoolctl import ThreadpoolController
 
         _blas.append(ThreadpoolController().select(user_api="blas").lib_controllers)
     before = [lib.num_threads for lib in _blas[0]]
     for lib, count in zip(_blas[0], before, strict=True):
-        if count > n:
-            lib.set_num_threads(n)
+        if count > 1:
+            lib.set_num_threads(1)
     try:
         yield
     finally:
         for lib, count in zip(_blas[0], before, strict=True):
-            if count > n:
+            if count > 1:
                 lib.set_num_threads(count)
+
+
+def requested() -> int | None:
+    """The count ``set_num_threads`` was last given, in any thread (None before any call)."""
+    return _requested[0] if _requested else None
