@@ -217,30 +217,43 @@ def _empty_parallel(x):
 
 _LAUNCH_US: list[float] = []
 
+# "workqueue" runs a prange loop less efficiently than OpenMP beyond its launch: with it the
+# serial GRU gates still won at 262K float32 entries (589 against 675 µs, bench/rnn_cells.py
+# --threshold), about 5x past where its empty-kernel launch cost alone puts the break-even.
+WORKQUEUE_FACTOR = 5
+
 
 def launch_us() -> float:
-    """Microseconds to start one parallel kernel in this process, measured on first use:
-    the median of 15 launches of a kernel with nothing to do (about a millisecond in all).
+    """Microseconds to start one parallel kernel on every thread of Numba's pool, measured
+    once per process: the median of 15 launches of a kernel with nothing to do (about a
+    millisecond in all).
 
     Measured, not assumed, because it differs by machine and pool: ~9 µs on one machine of
-    this project's kind and ~50 µs on another (OpenMP whose sleeping threads are woken
-    through the kernel), 55-90 µs with "workqueue", 1.4 µs with spinning threads."""
+    this project's kind and ~50 µs on another (OpenMP with sleeping threads, which the
+    kernel must wake), 55-90 µs with "workqueue", 1.4 µs with spinning threads."""
     if not _LAUNCH_US:
         x = np.zeros(2)
-        _empty_parallel(x)                  # compiled or loaded, and the pool started
-        samples = []
-        for _ in range(15):
-            start = time.perf_counter()
-            _empty_parallel(x)
-            samples.append(time.perf_counter() - start)
+        before = numba.get_num_threads()
+        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)   # whatever this thread asked
+        try:
+            _empty_parallel(x)              # compiled or loaded, and the pool started
+            samples = []
+            for _ in range(15):
+                start = time.perf_counter()
+                _empty_parallel(x)
+                samples.append(time.perf_counter() - start)
+        finally:
+            numba.set_num_threads(before)
         _LAUNCH_US.append(statistics.median(samples) * 1e6)
     return _LAUNCH_US[0]
 
 
 def parallel_min(entries_at_10us: int) -> int:
     """How many entries a prange kernel needs to beat its serial loop here, given how many
-    it needed where a launch cost 10 µs.  Two threads save half the serial time, which grows
-    with the entries, and pay one launch: the break-even size grows with the launch cost.
-    (Measured on one machine at a 50 µs launch: softmax rows broke even at ~64K entries,
-    against ~12K at 10 µs.)"""
-    return int(entries_at_10us * max(launch_us(), 1.0) / 10.0)
+    it needed where a launch cost 10 µs on OpenMP.  Two threads save half the serial time,
+    which grows with the entries, and pay one launch: the break-even size grows with the
+    launch cost.  (Measured on one machine at a 50 µs launch: softmax rows broke even at
+    ~64K entries, against ~12K at 10 µs.)"""
+    cost = max(launch_us(), 1.0)                # starts the pool, so the layer is known
+    factor = WORKQUEUE_FACTOR if numba.threading_layer() == "workqueue" else 1
+    return int(entries_at_10us * factor * cost / 10.0)
