@@ -340,6 +340,8 @@ def test_bahdanau_step_from_seq2seq_is_the_models_decoder_step():
     model = ta.models.Seq2Seq(11, 9, embed=4, hidden=5, cell="gru", attention="additive",
                               style="bahdanau", attn_dim=6).double()
     rng = np.random.default_rng(3)
+    # float64 weights that float32 cannot hold: a step built in float32 would round them.
+    model.load_state_dict({k: rng.standard_normal(v.shape) for k, v in model.state_dict().items()})
     src, tgt_in = rng.integers(3, 11, size=(2, 4)), rng.integers(3, 9, size=(2, 3))
     logits, _ = model(src, tgt_in)                                      # (B, T, V)
     memory = model.encode(src)

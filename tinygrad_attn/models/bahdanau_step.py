@@ -7,7 +7,8 @@
     logits = W_out [s_i; c_i] + b_out
 
 It is the step that ``Seq2Seq(cell="gru", attention="additive", style="bahdanau")`` repeats
-(its weights load into this module, see ``from_seq2seq``), written out as three modules for
+(its weights load into this module, see ``from_seq2seq``) for a source without padding and
+without dropout (this step has no key mask and no dropout), written out as three modules for
 ``tinygrad-attn verify`` (sympy on every gradient) and ``examples/render_graph.py``.
 """
 
@@ -53,9 +54,12 @@ class BahdanauStep(nn.Module):
             got = ", ".join(f"{k}={c[k]!r}" for k in wanted)
             raise ValueError(f"BahdanauStep.from_seq2seq: needs a model with "
                              f"{', '.join(f'{k}={v!r}' for k, v in wanted.items())}; got {got}")
+        weight = model.out.weight
+        # dtype and device first: load_state_dict keeps each parameter's own dtype.
         step = cls(c["embed"], c["hidden"], c["tgt_vocab"], c["attn_dim"])
+        step.astype(weight.dtype).to(weight.device)
         state = {f"attention.{k}": v for k, v in model.attention.state_dict().items()}
         state |= {f"cell.{k.removesuffix('_l0')}": v for k, v in model.decoder.state_dict().items()}
         state |= {f"out.{k}": v for k, v in model.out.state_dict().items()}
         step.load_state_dict(state)
-        return step.to(model.out.weight.device).astype(model.out.weight.dtype)
+        return step
