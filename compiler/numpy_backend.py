@@ -186,11 +186,17 @@ def sum_to(x, shape):
 
 
 def broadcast_to(x, shape):
-    """A C-contiguous array of ``shape`` (x itself when it already is one).  Assigning into
-    an empty array broadcasts as np.broadcast_to does, without its ~2 us Python wrapper:
-    every sum's backward calls this."""
-    if x.shape == tuple(shape) and x.flags.c_contiguous:
-        return x
+    """A C-contiguous array of ``shape``: a read-only view of x when it already is one, else
+    a copy.  Assigning into an empty array broadcasts as np.broadcast_to does, without its
+    ~2 us Python wrapper (every sum's backward calls this); the axes check keeps assignment's
+    one extra leniency, dropping leading 1s, out."""
+    x, shape = np.asarray(x), tuple(shape)                 # a numpy scalar from a full sum
+    if x.ndim > len(shape):
+        raise ValueError(f"cannot broadcast an array of shape {x.shape} to {shape}")
+    if x.shape == shape and x.flags.c_contiguous:
+        view = x.view()
+        view.flags.writeable = False
+        return view
     out = np.empty(shape, dtype=x.dtype)
     out[...] = x
     return out

@@ -98,3 +98,16 @@ def test_cuda_kernels_are_imported_on_first_use_of_the_device():
     out = _run_python(probe, simulator=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False", "True", "5.0"]
+
+
+def test_numpy_broadcast_to_is_as_strict_as_numpy_and_never_writes_through():
+    from tinygrad_attn.compiler import numpy_backend as reference
+
+    x = np.arange(3.0).reshape(1, 3)
+    with pytest.raises(ValueError):
+        reference.broadcast_to(x, (3,))                 # assignment would drop the leading 1
+    with pytest.raises(ValueError):
+        reference.broadcast_to(np.ones(2), (3,))
+    same = reference.broadcast_to(x, (1, 3))
+    assert not same.flags.writeable and np.shares_memory(same, x)
+    np.testing.assert_array_equal(reference.broadcast_to(x, (2, 3)), np.broadcast_to(x, (2, 3)))
