@@ -495,3 +495,20 @@ def test_render_of_a_twenty_step_lstm_seq2seq_takes_seconds(tmp_path):
     print(f"\n20-step LSTM seq2seq: {len(viz.nodes(loss))} tensors drawn in {seconds:.1f} CPU s")
     assert len(drawn_nodes(ET.parse(path).getroot())) == len(viz.nodes(loss))
     assert seconds < 30
+
+
+def test_jupyter_display_respects_include_exclude_and_size_limits(monkeypatch):
+    _, _, y = tiny()
+    assert set(y._repr_mimebundle_(include=["text/plain"])) == {"text/plain"}
+    assert set(y._repr_mimebundle_(exclude=["image/svg+xml"])) == {"text/plain"}
+    monkeypatch.setattr(sys.modules["tinygrad_attn.viz.graph"], "NOTEBOOK_MAX_NODES", 2)
+    assert set(y._repr_mimebundle_()) == {"text/plain"}              # 5 nodes: too many now
+
+
+def test_a_failing_dot_leaves_a_tensor_as_text(tmp_path, monkeypatch):
+    fake = tmp_path / "dot"
+    fake.write_text("#!/bin/sh\necho broken >&2\nexit 3\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    _, _, y = tiny()
+    assert set(y._repr_mimebundle_()) == {"text/plain"}

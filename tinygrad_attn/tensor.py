@@ -501,7 +501,9 @@ class Tensor:
         Graphviz's ``dot`` is installed and ``ta.viz.notebook_display`` is on), else the repr.
         Leaf tensors, which have no graph, always show their repr."""
         bundle = {"text/plain": repr(self)}
-        if self.node is not None and Tensor._graph_svg is not None:
+        svg_wanted = (include is None or "image/svg+xml" in include) and (
+            exclude is None or "image/svg+xml" not in exclude)
+        if svg_wanted and self.node is not None and Tensor._graph_svg is not None:
             svg = Tensor._graph_svg(self)
             if svg:
                 bundle["image/svg+xml"] = svg

@@ -18,6 +18,7 @@ from .graph import (
     FORMATS,
     MAX_VALUES,
     NOTEBOOK_COLLAPSE_ABOVE,
+    NOTEBOOK_MAX_NODES,
     GraphvizNotFound,
     _notebook_svg,
     graph,
@@ -28,6 +29,6 @@ from .heatmap import heatmap
 from .text import nodes, summary
 
 __all__ = ["heatmap", "nodes", "summary", "graph", "render", "notebook_display", "GraphvizNotFound",
-           "FORMATS", "MAX_VALUES", "NOTEBOOK_COLLAPSE_ABOVE"]
+           "FORMATS", "MAX_VALUES", "NOTEBOOK_COLLAPSE_ABOVE", "NOTEBOOK_MAX_NODES"]
 
 Tensor._graph_svg = staticmethod(_notebook_svg)

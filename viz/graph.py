@@ -174,8 +174,10 @@ def render(tensor_or_digraph, path, **graph_options) -> Path:
     return path
 
 
-# Above this many tensors a notebook shows the first and last 2 steps (collapse=2).
+# Above this many tensors a notebook shows the first and last 2 steps (collapse=2); above
+# NOTEBOOK_MAX_NODES, even collapsed, it shows the text repr (dot would take long).
 NOTEBOOK_COLLAPSE_ABOVE = 200
+NOTEBOOK_MAX_NODES = 2000
 _notebook = {"enabled": True}
 
 
@@ -183,9 +185,11 @@ def notebook_display(enabled: bool = True) -> None:
     """Whether Jupyter shows a tensor that has a recorded graph as a picture of the graph
     (on by default once ``ta.viz`` is loaded; its text repr is always in the output too).
 
-    A graph of more than NOTEBOOK_COLLAPSE_ABOVE tensors is drawn with ``collapse=2``.
-    Without Graphviz's ``dot`` a tensor shows as text.  ``ta.viz.graph(t, ...)`` returns a
-    Digraph, which Jupyter also shows as SVG, with every option of ``graph``.
+    A graph of more than NOTEBOOK_COLLAPSE_ABOVE tensors is drawn with ``collapse=2``; one
+    still above NOTEBOOK_MAX_NODES, or without Graphviz's ``dot``, or that ``dot`` fails on,
+    shows as text.  Jupyter shows only the richest form, so ``print(t)`` shows the values.
+    ``ta.viz.graph(t, ...)`` returns a Digraph, which Jupyter also shows as SVG, with every
+    option of ``graph``.
 
         >>> ta.viz.notebook_display(False)     # tensors show as text again
     """
@@ -199,9 +203,13 @@ def _notebook_svg(tensor) -> str | None:
     if not _notebook["enabled"]:
         return None
     collapse = 2 if len(nodes(tensor)) > NOTEBOOK_COLLAPSE_ABOVE else None
+    digraph = graph(tensor, collapse=collapse)
+    drawn = sum(1 for line in digraph.body if " [label=" in line and " -> " not in line)
+    if drawn > NOTEBOOK_MAX_NODES:
+        return None
     try:
-        return graph(tensor, collapse=collapse).pipe(format="svg", encoding="utf-8")
-    except graphviz.ExecutableNotFound:
+        return digraph.pipe(format="svg", encoding="utf-8")
+    except (graphviz.ExecutableNotFound, graphviz.CalledProcessError):
         return None
 
 
