@@ -118,8 +118,6 @@ class scope(contextlib.ContextDecorator):
     recording a node does not join the names again.
     """
 
-    __slots__ = ("name",)
-
     def __init__(self, name: str):
         if not isinstance(name, str) or not name or "/" in name:
             raise ValueError(f"scope(): a scope name must be non-empty and contain no '/', got {name!r}")
