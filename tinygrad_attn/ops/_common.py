@@ -9,8 +9,8 @@ from ..autograd import DTypeError
 
 
 def check_same_dtype(op, *arrays) -> None:
-    dtypes = {a.dtype for a in arrays}
-    if len(dtypes) > 1:
+    first = arrays[0].dtype
+    if any(a.dtype != first for a in arrays[1:]):
         detail = " and ".join(f"{a.dtype} {tuple(a.shape)}" for a in arrays)
         op.fail(f"dtype mismatch: {detail}; convert one with .float() or .double()", DTypeError)
 

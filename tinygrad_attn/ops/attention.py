@@ -99,8 +99,11 @@ class AdditiveScores(Op):
         except ValueError:
             self.fail(f"batch axes of q {tuple(q.shape)} and k {tuple(k.shape)} do not broadcast")
         kb = self.backend
-        q3 = kb.reshape(kb.broadcast_to(q, batch + q.shape[-2:]), (-1,) + q.shape[-2:])  # (N, T_q, A)
-        k3 = kb.reshape(kb.broadcast_to(k, batch + k.shape[-2:]), (-1,) + k.shape[-2:])  # (N, T_k, A)
+        if q.ndim == k.ndim == 3 and q.shape[0] == k.shape[0]:
+            q3, k3 = q, k                  # already (N, T, A), as a decoder step's are
+        else:
+            q3 = kb.reshape(kb.broadcast_to(q, batch + q.shape[-2:]), (-1,) + q.shape[-2:])  # (N, T_q, A)
+            k3 = kb.reshape(kb.broadcast_to(k, batch + k.shape[-2:]), (-1,) + k.shape[-2:])  # (N, T_k, A)
         self.saved = (q3, k3, v, q.shape, k.shape, batch)
         e = kb.additive_scores(q3, k3, v)                                # (N, T_q, T_k)
         return kb.reshape(e, batch + (q.shape[-2], k.shape[-2]))

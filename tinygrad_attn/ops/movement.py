@@ -141,11 +141,11 @@ def _describe(index) -> str:
 def _check_pieces(op, xs, axis: int, same_shape: bool) -> None:
     check_same_dtype(op, *xs)
     first = xs[0].shape
+    rest = first[:axis] + first[axis + 1:]
     for x in xs[1:]:
         if x.ndim != len(first):
             op.fail(f"inputs have different numbers of axes: {[tuple(x.shape) for x in xs]}")
-        rest_equal = all(a == b for i, (a, b) in enumerate(zip(first, x.shape, strict=True)) if i != axis)
-        if not rest_equal or (same_shape and first != x.shape):
+        if x.shape[:axis] + x.shape[axis + 1:] != rest or (same_shape and first != x.shape):
             where = "" if same_shape else f" except along axis {axis}"
             op.fail(f"input shapes must match{where}: {[tuple(x.shape) for x in xs]}")
 

@@ -240,9 +240,11 @@ class Embedding(Op):
         if self.padding_idx is not None and not 0 <= self.padding_idx < rows:
             self.fail(f"padding_idx {self.padding_idx} is outside [0, {rows})")
         host_ids = self.backend.to_numpy(ids)    # on the host: a device array has no min()
-        if host_ids.size and (host_ids.min() < 0 or host_ids.max() >= rows):
-            bad = int(host_ids.min()) if host_ids.min() < 0 else int(host_ids.max())
-            self.fail(f"id {bad} is outside [0, {rows}) for weight of shape {tuple(weight.shape)}")
+        if host_ids.size:
+            low, high = host_ids.min(), host_ids.max()
+            if low < 0 or high >= rows:
+                bad = int(low) if low < 0 else int(high)
+                self.fail(f"id {bad} is outside [0, {rows}) for weight of shape {tuple(weight.shape)}")
         self.saved = (rows, ids)
         return self.backend.embedding(weight, ids)
 
