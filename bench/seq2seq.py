@@ -48,12 +48,8 @@ def batch(size: int, seed: int):
     return src, tgt_in, tgt
 
 
-def engine_step(hidden: int, size: int, device: str):
-    ta.manual_seed(0)
-    model = ta.models.Seq2Seq(VOCAB, VOCAB, embed=EMBED, hidden=hidden, cell="gru",
-                              attention="additive", style="bahdanau").to(device)
-    optimizer = ta.optim.Adam(model.parameters(), lr=1e-3)
-    src, tgt_in, tgt_out = batch(size, 1)
+def training_step(model, optimizer, src, tgt_in, tgt_out):
+    """One step as both frameworks spell it: zero_grad, loss, backward, update."""
 
     def step():
         optimizer.zero_grad()
@@ -62,7 +58,15 @@ def engine_step(hidden: int, size: int, device: str):
         optimizer.step()
         return loss
 
-    return model, step
+    return step
+
+
+def engine_step(hidden: int, size: int, device: str):
+    ta.manual_seed(0)
+    model = ta.models.Seq2Seq(VOCAB, VOCAB, embed=EMBED, hidden=hidden, cell="gru",
+                              attention="additive", style="bahdanau").to(device)
+    optimizer = ta.optim.Adam(model.parameters(), lr=1e-3)
+    return model, training_step(model, optimizer, *batch(size, 1))
 
 
 class TorchSeq2Seq(torch.nn.Module if torch else object):
@@ -109,16 +113,7 @@ def torch_step(model, hidden: int, size: int):
     twin = TorchSeq2Seq(hidden)
     twin.load_engine(model)
     optimizer = torch.optim.Adam(twin.parameters(), lr=1e-3)
-    src, tgt_in, tgt_out = (torch.from_numpy(a) for a in batch(size, 1))
-
-    def step():
-        optimizer.zero_grad()
-        loss = twin.loss(src, tgt_in, tgt_out)
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    return twin, step
+    return twin, training_step(twin, optimizer, *(torch.from_numpy(a) for a in batch(size, 1)))
 
 
 def main(argv=None) -> None:

@@ -62,13 +62,7 @@ _relu_back_map = vectorize(_BINARY, **_MAP)(scalar.relu_back)
 # loop.  Waking the second thread costs 9-90 µs (numba_support.launch_us), so small inputs
 # (a decoder step's softmax over 20 source positions for a batch of 32) take the serial loop.
 PARALLEL_MIN = 12288          # entries from which the parallel loop pays, at a 10 µs launch
-_parallel_min: dict[int, int] = {}      # the same for this process's launch cost
-
-
-def _scaled(entries_at_10us: int) -> int:
-    if entries_at_10us not in _parallel_min:
-        _parallel_min[entries_at_10us] = parallel_min(entries_at_10us)
-    return _parallel_min[entries_at_10us]
+_scaled = parallel_min        # ... and at this process's launch cost (tests replace it)
 
 
 @njit(cache=True, fastmath=FAST)
@@ -245,7 +239,7 @@ def _pick(serial, parallel, x):
 
 # ---------------------------------------------------------------- softmax and log-softmax
 
-_NO_MASK_ROWS = np.ones((1, 1), dtype=np.bool_)
+_NO_MASK = np.ones((1, 1), dtype=np.bool_)   # a (1, 1) stand-in for kernels told has_mask=False
 
 
 def _rows(x):
@@ -259,7 +253,7 @@ def softmax(x, axis):
     if x.size == 0 or axis not in (-1, x.ndim - 1):
         return reference.softmax(x, axis)
     out = np.empty(x.shape, dtype=x.dtype)
-    _pick(_softmax_serial, _softmax_parallel, x)(_rows(x), _NO_MASK_ROWS, False, _rows(out))
+    _pick(_softmax_serial, _softmax_parallel, x)(_rows(x), _NO_MASK, False, _rows(out))
     return out
 
 
@@ -554,9 +548,6 @@ def _sdpa_dscores(p, dp, do, o):
         pr, dr = p[i], dp[i]
         for j in range(p.shape[1]):
             dr[j] = pr[j] * (dr[j] - d)
-
-
-_NO_MASK = np.ones((1, 1), dtype=np.bool_)
 
 
 def _blocks(t, size):

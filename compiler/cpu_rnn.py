@@ -217,15 +217,9 @@ def _lstm_hidden_back_parallel(act, dh, dgates, dc):
 # ---------------------------------------------------------------- kernels (the reference's signatures)
 
 
-_MIN: dict[int, int] = {}        # itemsize -> PARALLEL_MIN_ENTRIES scaled to this process
-
-
 def _use_prange(entries: int, dtype) -> bool:
     # itemsize, not dtype.name: the name is rebuilt on every access (~30 us, per gate kernel).
-    size = dtype.itemsize
-    if size not in _MIN:
-        _MIN[size] = parallel_min(PARALLEL_MIN_ENTRIES["float32" if size == 4 else "float64"])
-    return entries >= _MIN[size]
+    return entries >= parallel_min(PARALLEL_MIN_ENTRIES["float32" if dtype.itemsize == 4 else "float64"])
 
 
 def _driver(out, serial, parallel):

@@ -248,12 +248,17 @@ def launch_us() -> float:
     return _LAUNCH_US[0]
 
 
+_PARALLEL_MIN: dict[int, int] = {}
+
+
 def parallel_min(entries_at_10us: int) -> int:
     """How many entries a prange kernel needs to beat its serial loop here, given how many
     it needed where a launch cost 10 µs on OpenMP.  Two threads save half the serial time,
     which grows with the entries, and pay one launch: the break-even size grows with the
     launch cost.  (Measured on one machine at a 50 µs launch: softmax rows broke even at
     ~64K entries, against ~12K at 10 µs.)"""
-    cost = max(launch_us(), 1.0)                # starts the pool, so the layer is known
-    factor = WORKQUEUE_FACTOR if numba.threading_layer() == "workqueue" else 1
-    return int(entries_at_10us * factor * cost / 10.0)
+    if entries_at_10us not in _PARALLEL_MIN:                 # computed once: a hot path asks
+        cost = max(launch_us(), 1.0)                # starts the pool, so the layer is known
+        factor = WORKQUEUE_FACTOR if numba.threading_layer() == "workqueue" else 1
+        _PARALLEL_MIN[entries_at_10us] = int(entries_at_10us * factor * cost / 10.0)
+    return _PARALLEL_MIN[entries_at_10us]

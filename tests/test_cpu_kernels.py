@@ -197,7 +197,7 @@ def test_parallel_thresholds_grow_with_the_measured_launch_cost(monkeypatch):
     import numba
 
     pool = numba_support.WORKQUEUE_FACTOR if numba.threading_layer() == "workqueue" else 1
-    monkeypatch.setattr(numba_support, "_LAUNCH_US", [50.0])
-    assert numba_support.parallel_min(12288) == 61440 * pool
-    monkeypatch.setattr(numba_support, "_LAUNCH_US", [10.0])
-    assert numba_support.parallel_min(12288) == 12288 * pool
+    for cost, want in ((50.0, 61440), (10.0, 12288)):
+        monkeypatch.setattr(numba_support, "_LAUNCH_US", [cost])
+        monkeypatch.setattr(numba_support, "_PARALLEL_MIN", {})
+        assert numba_support.parallel_min(12288) == want * pool

@@ -10,17 +10,9 @@ import numpy as np
 import pytest
 
 import tinygrad_attn as ta
+from tests.optional_torch import needs_torch, torch
 from tinygrad_attn import Tensor, nn, optim
 from tinygrad_attn.compiler import available_devices
-
-try:
-    import torch
-except ImportError:
-    torch = None
-
-needs_torch = pytest.mark.skipif(
-    torch is None,
-    reason="PyTorch not installed: the torch.optim reference tests need `pip install torch==2.13.0`")
 
 needs_cuda = pytest.mark.skipif(
     "cuda" not in available_devices(),
@@ -98,17 +90,10 @@ def run_both(ours_cls, torch_cls, config, dtype):
 
 @needs_torch
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
-@pytest.mark.parametrize("config", SGD_CONFIGS, ids=str)
-def test_sgd_matches_torch(config, dtype):
-    params = run_both(optim.SGD, torch.optim.SGD, config, dtype)
-    assert all(p.dtype == dtype for p in params)
-
-
-@needs_torch
-@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
-@pytest.mark.parametrize("config", ADAM_CONFIGS, ids=str)
-def test_adam_matches_torch(config, dtype):
-    params = run_both(optim.Adam, torch.optim.Adam, config, dtype)
+@pytest.mark.parametrize("name, config",
+                         [("SGD", c) for c in SGD_CONFIGS] + [("Adam", c) for c in ADAM_CONFIGS], ids=str)
+def test_optimizer_matches_torch(name, config, dtype):
+    params = run_both(getattr(optim, name), getattr(torch.optim, name), config, dtype)
     assert all(p.dtype == dtype for p in params)
 
 

@@ -17,19 +17,11 @@ from hypothesis import strategies as st
 
 import tinygrad_attn as ta
 import tinygrad_attn.functional as F
+from tests.optional_torch import needs_torch, torch
 from tests.strategies import arrays
 from tinygrad_attn import Tensor
 from tinygrad_attn.compiler import available_devices, get_backend
 from tinygrad_attn.ops import GRUGates, LSTMCellState, LSTMHidden
-
-try:
-    import torch
-except ImportError:
-    torch = None
-
-needs_torch = pytest.mark.skipif(
-    torch is None,
-    reason="PyTorch not installed: the PyTorch reference tests need `pip install torch==2.13.0`")
 
 RTOL, ATOL = 1e-8, 1e-10
 DEVICES = available_devices()

@@ -8,15 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tinygrad_attn as ta
+from tests.optional_torch import needs_torch, torch
 from tinygrad_attn import Tensor, nn
-
-try:
-    import torch
-except ImportError:  # the tests that need it skip; the rest run
-    torch = None
-
-needs_torch = pytest.mark.skipif(
-    torch is None, reason="PyTorch not installed: the reference tests need `pip install torch==2.13.0`")
 
 LAYERS = ["RNN", "GRU", "LSTM"]
 

@@ -114,10 +114,15 @@ def graph(tensor, collapse=None, backward: bool = False, values: bool = False,
         >>> ta.viz.graph(loss, collapse=2, attention_edges=True)     # shows in Jupyter
         >>> ta.viz.render(loss, "loss.svg", collapse="steps")
     """
+    return _drawing(tensor, collapse, backward, values, attention_edges, rankdir).digraph()
+
+
+def _drawing(tensor, collapse=None, backward=False, values=False, attention_edges=False,
+             rankdir="TB") -> _Drawing:
     if rankdir not in ("TB", "LR", "BT", "RL"):
         raise ValueError(f"graph(): rankdir must be 'TB', 'LR', 'BT' or 'RL', got {rankdir!r}")
     keep_steps, patterns = _parse_collapse(collapse)
-    return _Drawing(tensor, keep_steps, patterns, backward, values, attention_edges, rankdir).digraph()
+    return _Drawing(tensor, keep_steps, patterns, backward, values, attention_edges, rankdir)
 
 
 def render(tensor_or_digraph, path, **graph_options) -> Path:
@@ -202,10 +207,9 @@ def _notebook_svg(tensor) -> str | None:
     """The SVG Jupyter shows for a tensor (Tensor._repr_mimebundle_), or None for text."""
     if not _notebook["enabled"]:
         return None
-    collapse = 2 if len(nodes(tensor)) > NOTEBOOK_COLLAPSE_ABOVE else None
-    digraph = graph(tensor, collapse=collapse)
-    drawn = sum(1 for line in digraph.body if " [label=" in line and " -> " not in line)
-    if drawn > NOTEBOOK_MAX_NODES:
+    drawing = _drawing(tensor, collapse=2 if len(nodes(tensor)) > NOTEBOOK_COLLAPSE_ABOVE else None)
+    digraph = drawing.digraph()
+    if drawing.drawn_nodes > NOTEBOOK_MAX_NODES:
         return None
     try:
         return digraph.pipe(format="svg", encoding="utf-8")
@@ -503,6 +507,7 @@ class _Drawing:
             if name in first_index:           # a box or skip node that something maps to
                 statements[name] = (label, attrs)
                 self._place(tree, scope, name, first_index[name])
+        self.drawn_nodes = len(statements)
         self._write_cluster(g, tree, "", statements)
         self._write_edges(g)
         if self.attention_edges:
