@@ -199,11 +199,12 @@ def test_masked_softmax_equals_masked_fill_then_softmax():
 
 
 def test_additive_scores_equal_broadcast_tanh_formula():
-    q, k, v = rand(73, 2, 3, 4), rand(74, 2, 5, 4), rand(75, 4)
-    fused_in = [Tensor(x, requires_grad=True, dtype=np.float64) for x in (q, k, v)]
-    plain_in = [Tensor(x, requires_grad=True, dtype=np.float64) for x in (q, k, v)]
+    s, W_q, k, v = rand(73, 2, 3, 6), rand(77, 4, 6), rand(74, 2, 5, 4), rand(75, 4)
+    fused_in = [Tensor(x, requires_grad=True, dtype=np.float64) for x in (s, W_q, k, v)]
+    plain_in = [Tensor(x, requires_grad=True, dtype=np.float64) for x in (s, W_q, k, v)]
     fused = AdditiveScores.apply(*fused_in)
-    qp, kp, vp = plain_in
+    sp, Wp, kp, vp = plain_in
+    qp = sp @ Wp.transpose(0, 1)                                             # (2, 3, 4)
     plain = (qp.unsqueeze(-2) + kp.unsqueeze(-3)).tanh() @ vp                # (2, 3, 5)
     np.testing.assert_allclose(fused.numpy(), plain.numpy(), rtol=1e-13)
     c = rand(76, 2, 3, 5)

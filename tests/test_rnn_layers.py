@@ -235,3 +235,66 @@ def test_step_checks_input_and_states():
         gru.step(Tensor.zeros(2, 5))
     with pytest.raises(ta.ShapeError, match=r"GRU.step: states must be 2 per-layer states of shape \(2, 3\)"):
         gru.step(Tensor.zeros(2, 4), [Tensor.zeros(2, 3)])
+
+
+@pytest.mark.parametrize("kind", LAYERS)
+@pytest.mark.parametrize("layers", [1, 2])
+def test_step_in_parts_equals_step_on_the_joined_input(kind, layers):
+    """step((y, c)) is step(cat([y, c])): outputs, states and every gradient; a GRU reads
+    the parts in its fused node (no Cat node), the other cells join them first."""
+    ta.manual_seed(3)
+    layer = getattr(nn, kind)(5, 4, num_layers=layers).double()
+    rng = np.random.default_rng(0)
+    y0, c0, h0 = (rng.standard_normal((3, 1, n)) for n in (2, 3, 4))
+
+    def run(in_parts: bool):
+        layer.zero_grad()
+        y, c, h = (Tensor(a, dtype=np.float64, requires_grad=True) for a in (y0, c0, h0))
+        state = (h, h * 0.5) if kind == "LSTM" else h
+        x = (y, c) if in_parts else ta.cat([y, c], axis=-1)
+        top, states = layer.step(x, [state] * layers)
+        (top * top).sum().backward()
+        ops = {n.node.op_name for n in ta.autograd.toposort(top) if n.node is not None}
+        return top.numpy(), [y.grad, c.grad, h.grad], _engine_grads(layer), ops
+
+    top, grads, weights, ops = run(True)
+    top_ref, grads_ref, weights_ref, _ = run(False)
+    np.testing.assert_allclose(top, top_ref, rtol=1e-12)
+    for g, ref in zip(grads, grads_ref, strict=True):
+        np.testing.assert_allclose(g, ref, rtol=1e-12)
+    _assert_same_grads(weights, weights_ref, atol=1e-12)
+    assert ("Cat" in ops) == (kind != "GRU")
+
+
+@needs_torch
+def test_gru_cell_in_parts_matches_torch_on_the_joined_input():
+    cell = nn.GRUCell(5, 4).double()
+    theirs = torch.nn.GRUCell(5, 4).double()
+    cell.load_state_dict(theirs.state_dict())
+    rng = np.random.default_rng(1)
+    y, c = rng.standard_normal((3, 2)), rng.standard_normal((3, 3))
+    ours = cell((Tensor(y, dtype=np.float64), Tensor(c, dtype=np.float64)))
+    ref = theirs(torch.from_numpy(np.concatenate([y, c], axis=-1)))
+    np.testing.assert_allclose(ours.numpy(), ref.detach().numpy(), rtol=1e-12)
+
+
+def test_input_in_parts_errors_name_the_parts():
+    gru = nn.GRU(4, 3)
+    with pytest.raises(ta.ShapeError, match=r"GRU.step: input must be \(B, I\) with I = 4 \(the parts "
+                                            r"joined along the last axis\), got \(2, 1\), \(2, 2\)"):
+        gru.step((Tensor.zeros(2, 1), Tensor.zeros(2, 2)))
+    with pytest.raises(ta.ShapeError, match=r"input must be .* got \(2, 1\), \(3, 3\)"):
+        gru.step((Tensor.zeros(2, 1), Tensor.zeros(3, 3)))
+    with pytest.raises(TypeError, match=r"GRU.step: input must be a Tensor or a tuple of Tensors"):
+        gru.step((Tensor.zeros(2, 1), np.zeros((2, 3))))
+    cell = nn.GRUCell(4, 3)
+    with pytest.raises(ta.ShapeError, match=r"gru_cell: x must end in I = 4 \(w_ih's columns\) \(the "
+                                            r"parts' sizes added\); got x1 \(2, 1\), x2 \(2, 2\)"):
+        cell((Tensor.zeros(2, 1), Tensor.zeros(2, 2)))
+    with pytest.raises(ta.ShapeError, match=r"gru_cell: the parts of x must agree"):
+        cell((Tensor.zeros(2, 1), Tensor.zeros(3, 3)))
+    with pytest.raises(TypeError, match=r"gru_cell: x is an empty tuple"):
+        cell(())
+    with pytest.raises(ta.ShapeError, match=r"GRUCell: expected x \(\.\.\., I\) joined along the last axis"):
+        ta.ops.GRUCell.apply(Tensor.zeros(2, 1), Tensor.zeros(2, 2), Tensor.zeros(2, 3),
+                             Tensor.zeros(9, 4), Tensor.zeros(9, 3), parts=2)

@@ -435,7 +435,7 @@ def test_tensor_with_a_graph_displays_as_its_picture_in_jupyter():
 
 @needs_dot
 def test_a_large_graph_displays_collapsed_in_jupyter():
-    _, _, loss = seq2seq_loss(S=16, T=16, attention="additive", cell="gru")
+    _, _, loss = seq2seq_loss(S=24, T=24, attention="additive", cell="gru")
     assert len(viz.nodes(loss)) > viz.NOTEBOOK_COLLAPSE_ABOVE
     svg = ET.fromstring(loss._repr_mimebundle_()["image/svg+xml"])
     hidden = [lines for lines in drawn_nodes(svg).values() if any("steps" in line for line in lines)]

@@ -258,11 +258,10 @@ def concat(query: Tensor, keys: Tensor, W: Tensor, v: Tensor, values: Tensor | N
         if W.shape[1] != d_q + d_k:
             _fail(fname, f"W {W.shape} must have d_q + d_k = {d_q} + {d_k} = {d_q + d_k} columns "
                          f"for query {query.shape} and keys {keys.shape}")
-        q_proj = functional.linear(call.query, W[:, :d_q])                   # (..., T_q, d_a)
         if keys_proj is None:
             keys_proj = functional.linear(keys, W[:, d_q:])                  # (..., T_k, d_a)
         _check_keys_proj(fname, keys_proj, keys, W.shape[0])
-        scores = AdditiveScores.apply(q_proj, keys_proj, v)                  # (..., T_q, T_k)
+        scores = AdditiveScores.apply(call.query, W[:, :d_q], keys_proj, v)  # (..., T_q, T_k)
         return call.finish(scores)
 
 
@@ -292,11 +291,10 @@ def additive(query: Tensor, keys: Tensor, W_q: Tensor, W_k: Tensor, v: Tensor,
         W_k = _check_weight(fname, W_k, "W_k", (W_q.shape[0], None))
         v = _check_weight(fname, v, "v", (W_q.shape[0],))
         call = _Layout(fname, query, keys, values, mask, d_q=W_q.shape[1], d_k=W_k.shape[1])
-        q_proj = functional.linear(call.query, W_q)                          # (..., T_q, d_a)
         if keys_proj is None:
             keys_proj = functional.linear(keys, W_k)                         # (..., T_k, d_a)
         _check_keys_proj(fname, keys_proj, keys, W_q.shape[0])
-        scores = AdditiveScores.apply(q_proj, keys_proj, v)                  # (..., T_q, T_k)
+        scores = AdditiveScores.apply(call.query, W_q, keys_proj, v)         # (..., T_q, T_k)
         return call.finish(scores)
 
 

@@ -22,7 +22,7 @@ from .ops import (
     LSTMHidden,
     NLLLoss,
 )
-from .tensor import Tensor
+from .tensor import Tensor, cat
 
 __all__ = ["linear", "cross_entropy", "nll_loss", "mse_loss", "dropout", "embedding", "gru_cell", "lstm_cell"]
 
@@ -33,7 +33,10 @@ def _ids(x, like: Tensor, what: str) -> Tensor:
     array = np.asarray(x)
     if array.dtype.kind not in "iu":
         raise TypeError(f"{what} must hold integers, got {array.dtype}")
-    return Tensor(array, dtype=np.int64, device=like.device)
+    # What Tensor(array, dtype=np.int64) makes (astype copies: the op keeps the ids for its
+    # backward, and the caller may reuse its array), without its generality: a decoder
+    # looks up one column of ids per step.
+    return Tensor._make(like.backend.asarray(array.astype(np.int64), np.int64), like.backend, False)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -123,21 +126,35 @@ def embedding(ids, weight: Tensor, padding_idx: int | None = None) -> Tensor:
 # ---------------------------------------------------------------- recurrent cells
 
 
-def check_cell(what: str, gates: int, x: Tensor, states: tuple, w_ih: Tensor, w_hh: Tensor,
+def check_cell(what: str, gates: int, x: Tensor | tuple, states: tuple, w_ih: Tensor, w_hh: Tensor,
                  b_ih: Tensor | None, b_hh: Tensor | None) -> None:
-    """Check a cell's arguments against PyTorch's layout, naming the function in errors."""
+    """Check a cell's arguments against PyTorch's layout, naming the function in errors.
+    ``x`` is a Tensor or a tuple of parts joined along the last axis."""
+    parts = x if isinstance(x, tuple) else (x,)
+    inputs = [(f"x{k + 1}" if len(parts) > 1 else "x", p) for k, p in enumerate(parts)]
+
     def shapes() -> str:
-        named = [("x", x), *states, ("w_ih", w_ih), ("w_hh", w_hh), ("b_ih", b_ih), ("b_hh", b_hh)]
+        named = [*inputs, *states, ("w_ih", w_ih), ("w_hh", w_hh), ("b_ih", b_ih), ("b_hh", b_hh)]
         return ", ".join(f"{name} {t.shape}" for name, t in named if t is not None)
 
+    for name, p in inputs:
+        if not isinstance(p, Tensor):
+            raise TypeError(f"{what}: x must be a Tensor or a tuple of Tensors, got {name} of type "
+                            f"{type(p).__name__}")
     if w_hh.ndim != 2 or w_ih.ndim != 2 or w_hh.shape[0] != gates * w_hh.shape[1]:
         raise ShapeError(f"{what}: expected w_ih ({gates}H, I) and w_hh ({gates}H, H); got {shapes()}")
     hidden = w_hh.shape[1]
     if w_ih.shape[0] != gates * hidden:
         raise ShapeError(f"{what}: w_ih must have {gates}H = {gates * hidden} rows for H = {hidden}; "
                          f"got {shapes()}")
-    if x.ndim == 0 or x.shape[-1] != w_ih.shape[1]:
-        raise ShapeError(f"{what}: x must end in I = {w_ih.shape[1]} (w_ih's columns); got {shapes()}")
+    if any(p.ndim == 0 or p.shape[:-1] != parts[0].shape[:-1] for p in parts):
+        raise ShapeError(f"{what}: the parts of x must agree on every axis but the last; got {shapes()}")
+    width = sum(p.shape[-1] for p in parts)
+    if width != w_ih.shape[1]:
+        joined = " (the parts' sizes added)" if len(parts) > 1 else ""
+        raise ShapeError(f"{what}: x must end in I = {w_ih.shape[1]} (w_ih's columns){joined}; "
+                         f"got {shapes()}")
+    x = parts[0]
     for name, b in (("b_ih", b_ih), ("b_hh", b_hh)):
         if b is not None and b.shape != (gates * hidden,):
             raise ShapeError(f"{what}: {name} must be ({gates * hidden},); got {shapes()}")
@@ -164,7 +181,9 @@ def gru_cell(x: Tensor, h: Tensor | None, w_ih: Tensor, w_hh: Tensor, b_ih: Tens
     One fused ``GRUCell`` node: the two products on BLAS, the gates in one kernel.
 
     Args:
-        x: input (B, I), or (I,) for one unbatched sample (any leading axes work).
+        x: input (B, I), or (I,) for one unbatched sample (any leading axes work); or a tuple
+            of tensors that joined along the last axis make it, such as a Bahdanau decoder's
+            (y_{i-1}, c_i), which the node reads as they are (no Cat node).
         h: hidden state (B, H), or None for zeros.
         w_ih: (3H, I), the rows of W_ir, W_iz, W_in stacked (GRUCell.weight_ih).
         w_hh: (3H, H), likewise (GRUCell.weight_hh).
@@ -180,21 +199,32 @@ def gru_cell(x: Tensor, h: Tensor | None, w_ih: Tensor, w_hh: Tensor, b_ih: Tens
         >>> F.gru_cell(x, h, w_ih, w_hh, b_ih, b_hh).shape
         (8, 32)
     """
+    x = tuple(x) if isinstance(x, list) else x
+    if isinstance(x, tuple) and not x:
+        raise TypeError("gru_cell: x is an empty tuple; pass a Tensor or its parts")
     if h is None:
-        h = Tensor.zeros(*x.shape[:-1], w_hh.shape[-1], dtype=x.dtype, device=x.device)
+        like = x[0] if isinstance(x, tuple) else x
+        h = Tensor.zeros(*like.shape[:-1], w_hh.shape[-1], dtype=like.dtype, device=like.device)
     check_cell("gru_cell", 3, x, (("h", h),), w_ih, w_hh, b_ih, b_hh)
     return gru_step(x, h, w_ih, w_hh, b_ih, b_hh)
 
 
-def gru_step(x: Tensor, h: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None,
-             b_hh: Tensor | None) -> Tensor:
-    """``gru_cell`` without its argument checks, for layers that check once per sequence."""
+def gru_step(x: Tensor | tuple[Tensor, ...], h: Tensor, w_ih: Tensor, w_hh: Tensor,
+             b_ih: Tensor | None, b_hh: Tensor | None) -> Tensor:
+    """``gru_cell`` without its argument checks, for layers that check once per sequence.
+
+    ``x`` may be a tuple of tensors that joined along the last axis make the input (a
+    Bahdanau decoder's [y; c]): the fused node reads them as they are, with no Cat node."""
+    parts = tuple(x) if isinstance(x, tuple | list) else (x,)
     if (b_ih is None) != (b_hh is None):             # the fused node takes both biases or neither
-        gi = _affine(x, w_ih, b_ih)                                  # (..., 3H)
+        joined = parts[0] if len(parts) == 1 else cat(parts, axis=-1)
+        gi = _affine(joined, w_ih, b_ih)                             # (..., 3H)
         gh = _affine(h, w_hh, b_hh)                                  # (..., 3H)
         return GRUGates.apply(gi, gh, h)
     biases = () if b_ih is None else (b_ih, b_hh)
-    return GRUCell.apply(x, h, w_ih, w_hh, *biases)
+    if len(parts) == 1:
+        return GRUCell.apply(parts[0], h, w_ih, w_hh, *biases)
+    return GRUCell.apply(*parts, h, w_ih, w_hh, *biases, parts=len(parts))
 
 
 def lstm_cell(x: Tensor, hx: tuple[Tensor, Tensor] | None, w_ih: Tensor, w_hh: Tensor,

@@ -40,7 +40,7 @@ class BahdanauStep(nn.Module):
         """y_prev (B, E), s_prev (B, H), keys (B, S, H) -> logits (B, V)."""
         context, _ = self.attention(s_prev[:, None, :], keys)            # (B, 1, H)
         context = context[:, 0]                                          # (B, H)
-        s = self.cell(cat([y_prev, context], axis=-1), s_prev)           # (B, H)
+        s = self.cell((y_prev, context), s_prev)                         # [y; c] in, (B, H) out
         return self.out(cat([s, context], axis=-1))                      # (B, V)
 
     @classmethod

@@ -262,7 +262,7 @@ class Seq2Seq(nn.Module):
         if self.style == "bahdanau":
             with scope("attention"):
                 context, weights = self._attend(self._top(states), memory)        # s_{i-1} scores
-            top, states = self.decoder.step(cat([y, context], axis=-1), states)   # (B, 1, H)
+            top, states = self.decoder.step((y, context), states)   # [y; c] in, (B, 1, H) out
             return top, context, weights, states
         top, states = self.decoder.step(y, states)                               # (B, 1, H)
         with scope("attention"):

@@ -82,14 +82,17 @@ class RNNCell(_CellBase):
 class GRUCell(_CellBase):
     """One GRU step with PyTorch's gates (r, z, n); see ``ta.functional.gru_cell``.
 
+    ``x`` may be a tuple of parts joined along the last axis, read by the one fused node:
+
     Example:
         >>> cell = nn.GRUCell(16, 32)
         >>> h = cell(Tensor.randn(8, 16))             # (8, 32)
+        >>> h = cell((Tensor.randn(8, 10), Tensor.randn(8, 6)), h)     # x = [y; c]
     """
 
     kind = "gru"
 
-    def forward(self, x: Tensor, h: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor | tuple[Tensor, ...], h: Tensor | None = None) -> Tensor:
         return F.gru_cell(x, h, *self._weights())
 
 
@@ -152,10 +155,12 @@ class _RNNBase(Module):
         return (get(f"weight_ih{suffix}"), get(f"weight_hh{suffix}"), get(f"bias_ih{suffix}"),
                 get(f"bias_hh{suffix}"))
 
-    def _step(self, x: Tensor, state, weights):
-        """One cell step; ``state`` is h, or (h, c) for an LSTM."""
+    def _step(self, x: Tensor | tuple, state, weights):
+        """One cell step; ``state`` is h, or (h, c) for an LSTM; ``x`` may be in parts."""
         if self.kind == "gru":
-            return F.gru_step(x, state, *weights)
+            return F.gru_step(x, state, *weights)              # reads the parts without a Cat
+        if isinstance(x, tuple):
+            x = cat(x, axis=-1)
         if self.kind == "lstm":
             return F.lstm_step(x, *state, *weights)
         return F.rnn_step(x, state, *weights, getattr(self, "nonlinearity", "tanh"))
@@ -266,13 +271,16 @@ class _RNNBase(Module):
                 xs = [cat([f, b], axis=-1) for f, b in zip(*directions, strict=True)]   # (B, 2H)
         return xs, finals
 
-    def step(self, x: Tensor, states: list | None = None):
+    def step(self, x: Tensor | tuple[Tensor, ...], states: list | None = None):
         """One time step through every layer of a unidirectional stack: what a decoder uses
         when each step's input depends on the step before (attention, feeding back its own
         prediction).
 
         Args:
-            x: (B, I) the step's input (any leading axes, e.g. (B, 1, I)).
+            x: (B, I) the step's input (any leading axes, e.g. (B, 1, I)); or a tuple of
+                tensors that joined along the last axis make it, such as a Bahdanau
+                decoder's (y_{i-1}, c_i).  A GRU reads the parts in its one fused node; the
+                other cells join them first.
             states: one state per layer (h, or (h, c) for an LSTM), or None for zeros.
 
         Returns:
@@ -281,20 +289,36 @@ class _RNNBase(Module):
         Example:
             >>> decoder = nn.GRU(16, 32, num_layers=2)
             >>> h, states = decoder.step(Tensor.randn(8, 16))
-            >>> h, states = decoder.step(Tensor.randn(8, 16), states)
+            >>> h, states = decoder.step((Tensor.randn(8, 10), Tensor.randn(8, 6)), states)
         """
         if self.bidirectional:
             raise ValueError(f"{type(self).__name__}.step: a bidirectional layer needs the whole "
                              f"sequence; call it on (B, T, I) instead")
         name = type(self).__name__
-        if x.ndim < 2 or x.shape[-1] != self.input_size:
-            raise ShapeError(f"{name}.step: input must be (B, I) with I = {self.input_size}, got {x.shape}")
+        parts = tuple(x) if isinstance(x, tuple | list) else (x,)
+        width = 0
+        for p in parts:              # loops, not any(genexpr): a decoder calls this every step
+            if not isinstance(p, Tensor):
+                raise TypeError(f"{name}.step: input must be a Tensor or a tuple of Tensors, got {x!r}")
+            width += p.shape[-1] if p.ndim else 0
+        if not parts:
+            raise TypeError(f"{name}.step: input must be a Tensor or a tuple of Tensors, got {x!r}")
+        lead = parts[0].shape[:-1]
+        if width != self.input_size or any(p.ndim < 2 or p.shape[:-1] != lead for p in parts):
+            shapes = ", ".join(str(p.shape) for p in parts)
+            raise ShapeError(f"{name}.step: input must be (B, I) with I = {self.input_size}"
+                             f"{' (the parts joined along the last axis)' if len(parts) > 1 else ''}, "
+                             f"got {shapes}")
+        x = parts if len(parts) > 1 else parts[0]
+        like = parts[0]
         if states is None:
-            zeros = Tensor.zeros(*x.shape[:-1], self.hidden_size, dtype=x.dtype, device=x.device)
+            zeros = Tensor.zeros(*lead, self.hidden_size, dtype=like.dtype, device=like.device)
             states = [(zeros, zeros) if self.kind == "lstm" else zeros] * self.num_layers
-        expected = x.shape[:-1] + (self.hidden_size,)
-        if len(states) != self.num_layers or any(
-                (state[0] if self.kind == "lstm" else state).shape != expected for state in states):
+        expected = lead + (self.hidden_size,)
+        bad = len(states) != self.num_layers
+        for state in states:
+            bad = bad or (state[0] if self.kind == "lstm" else state).shape != expected
+        if bad:
             raise ShapeError(f"{name}.step: states must be {self.num_layers} per-layer states of shape "
                              f"{expected}")
         new_states = []

@@ -10,9 +10,10 @@ from ..autograd import DTypeError
 
 def check_same_dtype(op, *arrays) -> None:
     first = arrays[0].dtype
-    if any(a.dtype != first for a in arrays[1:]):
-        detail = " and ".join(f"{a.dtype} {tuple(a.shape)}" for a in arrays)
-        op.fail(f"dtype mismatch: {detail}; convert one with .float() or .double()", DTypeError)
+    for a in arrays:                 # a loop, not any(genexpr): this runs for most nodes
+        if a.dtype != first:
+            detail = " and ".join(f"{a.dtype} {tuple(a.shape)}" for a in arrays)
+            op.fail(f"dtype mismatch: {detail}; convert one with .float() or .double()", DTypeError)
 
 
 def check_float(op, x, what: str = "input") -> None:

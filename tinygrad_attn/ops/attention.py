@@ -8,6 +8,8 @@ inside one named scope.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..autograd import Example, Op, register
@@ -70,58 +72,68 @@ class MaskedSoftmax(Op):
 
 @register
 class AdditiveScores(Op):
-    """e_ij = v . tanh(q_i + k_j): q (..., T_q, A), k (..., T_k, A), v (A,) -> (..., T_q, T_k).
+    """e_ij = v . tanh(W_q s_i + k_j): s (..., T_q, d_q), W_q (A, d_q), k (..., T_k, A), v (A,)
+    -> (..., T_q, T_k).
 
-    Bahdanau's alignment model with the projections already applied (q = W_q s, k = W_k h);
-    Luong's "concat" score v . tanh(W[s; h]) is the same function with W split by columns.
-    Forward and backward work one query step at a time, so the (T_q, T_k, A) tensor of all
-    pairs is never built.
+    Bahdanau's alignment model e_ij = v_a . tanh(W_a s_{i-1} + U_a h_j) with the keys'
+    projection k_j = U_a h_j given already made: it does not depend on i, so a decoder makes
+    it once per sentence (Bahdanau et al. 2015, appendix A.1.2), while the query's projection
+    happens here, inside the node.  Luong's "concat" score v . tanh(W[s; h]) is the same
+    function with W split by columns.  Forward and backward work one query step at a time,
+    so the (T_q, T_k, A) tensor of all pairs is never built.
     """
 
     @staticmethod
-    def symbolic(sp, q, k, v):
-        q = np.asarray(q, dtype=object)
+    def symbolic(sp, s, W_q, k, v):
+        q = np.matmul(np.asarray(s, dtype=object), np.asarray(W_q, dtype=object).T)
         k = np.asarray(k, dtype=object)
         pre = q[..., :, None, :] + k[..., None, :, :]                  # (..., T_q, T_k, A)
         return np.matmul(elementwise(sp.tanh, pre), np.asarray(v, dtype=object))
 
-    def forward(self, q, k, v):
-        check_same_dtype(self, q, k, v)
-        check_float(self, q)
-        if q.ndim < 2 or k.ndim < 2 or v.ndim != 1:
-            self.fail(f"expected q (..., T_q, A), k (..., T_k, A) and v (A,), got "
-                      f"{tuple(q.shape)}, {tuple(k.shape)} and {tuple(v.shape)}")
-        if not q.shape[-1] == k.shape[-1] == v.shape[0]:
-            self.fail(f"the attention sizes A differ: q {tuple(q.shape)}, k {tuple(k.shape)}, "
-                      f"v {tuple(v.shape)}")
+    def forward(self, s, W_q, k, v):
+        check_same_dtype(self, s, W_q, k, v)
+        check_float(self, s)
+        if (s.ndim < 2 or W_q.ndim != 2 or k.ndim < 2 or v.ndim != 1
+                or W_q.shape[1] != s.shape[-1] or not W_q.shape[0] == k.shape[-1] == v.shape[0]):
+            self.fail(f"expected s (..., T_q, d_q), W_q (A, d_q), k (..., T_k, A) and v (A,), got "
+                      f"{tuple(s.shape)}, {tuple(W_q.shape)}, {tuple(k.shape)} and {tuple(v.shape)}")
         try:
-            batch = batch_shape(q.shape[:-2], k.shape[:-2])
+            batch = batch_shape(s.shape[:-2], k.shape[:-2])
         except ValueError:
-            self.fail(f"batch axes of q {tuple(q.shape)} and k {tuple(k.shape)} do not broadcast")
+            self.fail(f"batch axes of s {tuple(s.shape)} and k {tuple(k.shape)} do not broadcast")
         kb = self.backend
+        s2 = kb.reshape(s, (math.prod(s.shape[:-1]), s.shape[-1]))     # (M, d_q)
+        q_shape = s.shape[:-1] + (W_q.shape[0],)
+        q = kb.reshape(kb.matmul_nt(s2, W_q), q_shape)                  # (..., T_q, A)
         if q.ndim == k.ndim == 3 and q.shape[0] == k.shape[0]:
             q3, k3 = q, k                  # already (N, T, A), as a decoder step's are
         else:
             q3 = kb.reshape(kb.broadcast_to(q, batch + q.shape[-2:]), (-1,) + q.shape[-2:])  # (N, T_q, A)
             k3 = kb.reshape(kb.broadcast_to(k, batch + k.shape[-2:]), (-1,) + k.shape[-2:])  # (N, T_k, A)
-        self.saved = (q3, k3, v, q.shape, k.shape, batch)
+        self.saved = (s2, W_q, q3, k3, v, s.shape, q_shape, k.shape, batch)
         e = kb.additive_scores(q3, k3, v)                                # (N, T_q, T_k)
-        return kb.reshape(e, batch + (q.shape[-2], k.shape[-2]))
+        return kb.reshape(e, batch + (s.shape[-2], k.shape[-2]))
 
     def backward(self, de):
-        q3, k3, v, q_shape, k_shape, batch = self.saved
+        s2, W_q, q3, k3, v, s_shape, q_shape, k_shape, batch = self.saved
         kb = self.backend
+        need = self.needs_grad
         de3 = kb.reshape(de, (-1,) + tuple(de.shape[-2:]))               # (N, T_q, T_k)
         dq3, dk3, dv = kb.additive_scores_back(q3, k3, v, de3)
-        dq = kb.sum_to(kb.reshape(dq3, batch + q_shape[-2:]), q_shape)
+        dq = kb.sum_to(kb.reshape(dq3, batch + q_shape[-2:]), q_shape)   # (..., T_q, A)
+        dq2 = kb.reshape(dq, (s2.shape[0], q_shape[-1]))                 # (M, A)
+        ds = kb.reshape(kb.matmul(dq2, W_q), s_shape) if need[0] else None
+        dW_q = kb.matmul_tn(dq2, s2) if need[1] else None                # (A, d_q)
         dk = kb.sum_to(kb.reshape(dk3, batch + k_shape[-2:]), k_shape)
-        return dq, dk, dv
+        return ds, dW_q, dk, dv
 
     @classmethod
     def examples(cls):
-        return [Example((uniform(810, 2, 3), uniform(811, 4, 3), uniform(812, 3))),
-                Example((uniform(813, 2, 1, 2), uniform(814, 3, 2), uniform(815, 2))),  # shared keys
-                Example((uniform(816, 2, 2, 2), uniform(817, 2, 1, 2), uniform(818, 2)))]
+        return [Example((uniform(810, 2, 2), uniform(819, 3, 2), uniform(811, 4, 3), uniform(812, 3))),
+                Example((uniform(813, 2, 1, 3), uniform(829, 2, 3), uniform(814, 3, 2),
+                         uniform(815, 2))),                                              # shared keys
+                Example((uniform(816, 2, 2, 1), uniform(839, 2, 1), uniform(817, 2, 1, 2),
+                         uniform(818, 2)))]
 
 
 @register

@@ -31,7 +31,7 @@ class Reshape(Op):
             shape = shape[: unknown[0]] + (x.size // known,) + shape[unknown[0] + 1 :]
         if math.prod(shape) != x.size:
             self.fail(f"cannot reshape {tuple(x.shape)} ({x.size} elements) to {shape}")
-        self.attrs["shape"] = shape
+        self.set_attr("shape", shape)
         self.saved = (x.shape,)
         return self.backend.reshape(x, shape)
 
@@ -58,7 +58,7 @@ class Permute(Op):
         if sorted(axes) != list(range(x.ndim)):
             self.fail(f"axes {tuple(self.axes)} are not a permutation of the {x.ndim} axes "
                       f"of shape {tuple(x.shape)}")
-        self.attrs["axes"] = axes
+        self.set_attr("axes", axes)
         return self.backend.permute(x, axes)
 
     def backward(self, dy):
@@ -83,7 +83,7 @@ class Expand(Op):
         shape = tuple(int(n) for n in self.shape)
         if not broadcasts_to(x.shape, shape):
             self.fail(f"cannot expand shape {tuple(x.shape)} to {shape}")
-        self.attrs["shape"] = shape
+        self.set_attr("shape", shape)
         self.saved = (x.shape,)
         return self.backend.broadcast_to(x, shape)
 
@@ -159,7 +159,8 @@ class Cat(Op):
         return np.concatenate([np.asarray(x, dtype=object) for x in xs], axis=axis)
 
     def forward(self, *xs):
-        axis = self.attrs["axis"] = normalize_axis(self, self.axis, xs[0].ndim)
+        axis = normalize_axis(self, self.axis, xs[0].ndim)
+        self.set_attr("axis", axis)
         _check_pieces(self, xs, axis, same_shape=False)
         self.saved = ([x.shape[axis] for x in xs],)
         return self.backend.cat(list(xs), axis)
@@ -183,7 +184,8 @@ class Stack(Op):
         return np.stack([np.asarray(x, dtype=object) for x in xs], axis=axis)
 
     def forward(self, *xs):
-        axis = self.attrs["axis"] = normalize_axis(self, self.axis, xs[0].ndim + 1)
+        axis = normalize_axis(self, self.axis, xs[0].ndim + 1)
+        self.set_attr("axis", axis)
         _check_pieces(self, xs, -1, same_shape=True)
         self.saved = (xs[0].shape,)
         return self.backend.stack(list(xs), axis)

@@ -40,7 +40,7 @@ class Softmax(Op):
 
     def forward(self, x):
         check_float(self, x)
-        self.attrs["axis"] = normalize_axis(self, self.axis, x.ndim)
+        self.set_attr("axis", normalize_axis(self, self.axis, x.ndim))
         y = self.backend.softmax(x, self.axis)
         self.saved = (y,)
         return y
@@ -65,7 +65,7 @@ class LogSoftmax(Op):
 
     def forward(self, x):
         check_float(self, x)
-        self.attrs["axis"] = normalize_axis(self, self.axis, x.ndim)
+        self.set_attr("axis", normalize_axis(self, self.axis, x.ndim))
         y = self.backend.log_softmax(x, self.axis)
         self.saved = (y,)
         return y
@@ -220,6 +220,9 @@ class NLLLoss(Op):
 # ---------------------------------------------------------------- embedding and dropout
 
 
+_UNSIGNED = {np.dtype(f"i{n}"): np.dtype(f"u{n}") for n in (1, 2, 4, 8)}
+
+
 @register
 class Embedding(Op):
     """y[...] = weight[ids[...]]: a row lookup; the row ``padding_idx`` gets no gradient."""
@@ -240,11 +243,12 @@ class Embedding(Op):
         if self.padding_idx is not None and not 0 <= self.padding_idx < rows:
             self.fail(f"padding_idx {self.padding_idx} is outside [0, {rows})")
         host_ids = self.backend.to_numpy(ids)    # on the host: a device array has no min()
-        if host_ids.size:
+        # One reduction finds any id outside [0, rows): read as unsigned, negatives are huge.
+        unsigned = host_ids.view(_UNSIGNED.get(host_ids.dtype, host_ids.dtype))
+        if host_ids.size and np.maximum.reduce(unsigned, axis=None) >= rows:
             low, high = host_ids.min(), host_ids.max()
-            if low < 0 or high >= rows:
-                bad = int(low) if low < 0 else int(high)
-                self.fail(f"id {bad} is outside [0, {rows}) for weight of shape {tuple(weight.shape)}")
+            bad = int(low) if low < 0 else int(high)
+            self.fail(f"id {bad} is outside [0, {rows}) for weight of shape {tuple(weight.shape)}")
         self.saved = (rows, ids)
         return self.backend.embedding(weight, ids)
 

@@ -31,7 +31,8 @@ class Sum(Op):
         return _symbolic_sum(x, axis, keepdims)
 
     def forward(self, x):
-        axes = self.attrs["axis"] = normalize_axes(self, self.axis, x.ndim)
+        axes = normalize_axes(self, self.axis, x.ndim)
+        self.set_attr("axis", axes)
         self.saved = (x.shape, axes)
         return self.backend.sum(x, axes, self.keepdims)
 
@@ -55,7 +56,8 @@ class Mean(Op):
         return _symbolic_sum(x, axis, keepdims) / sp.Integer(count)
 
     def forward(self, x):
-        axes = self.attrs["axis"] = normalize_axes(self, self.axis, x.ndim)
+        axes = normalize_axes(self, self.axis, x.ndim)
+        self.set_attr("axis", axes)
         count = x.size if axes is None else math.prod(x.shape[a] for a in axes)
         if count == 0:
             self.fail(f"mean over an empty axis of shape {tuple(x.shape)}")
@@ -83,7 +85,8 @@ class Max(Op):
         return reduce_rows(x, axis, keepdims, sp.Max)
 
     def forward(self, x):
-        axes = self.attrs["axis"] = normalize_axes(self, self.axis, x.ndim)
+        axes = normalize_axes(self, self.axis, x.ndim)
+        self.set_attr("axis", axes)
         if x.size == 0:
             self.fail(f"max of an empty tensor of shape {tuple(x.shape)}")
         y = self.backend.max(x, axes, self.keepdims)

@@ -62,6 +62,23 @@ def _check_cell(op, *spec) -> None:
         op.fail(f"batch axes differ: {shapes()}")
 
 
+def _gru_cell_fits(xs, h_prev, w_ih, w_hh, biases) -> bool:
+    """Whether GRUCell's inputs have PyTorch's layout: x parts (..., I_k) with h_prev's
+    leading axes, w_ih (3H, sum I_k), w_hh (3H, H) and both biases (3H,) or neither."""
+    if h_prev.ndim == 0 or w_ih.ndim != 2 or w_hh.ndim != 2 or len(biases) not in (0, 2):
+        return False
+    hidden, lead = h_prev.shape[-1], h_prev.shape[:-1]
+    width = 0
+    for x in xs:                     # loops, not any(genexpr): this runs on every step
+        if x.ndim == 0 or x.shape[:-1] != lead:
+            return False
+        width += x.shape[-1]
+    for b in biases:
+        if b.shape != (3 * hidden,):
+            return False
+    return w_ih.shape == (3 * hidden, width) and w_hh.shape == (3 * hidden, hidden)
+
+
 def _rows(kb, x):
     if x.ndim == 2:
         return x                     # the usual case: skip the reshape call (~1 us, per input)
@@ -122,56 +139,78 @@ class GRUCell(Op):
     instead of three (two Linear and the gates) is what an unrolled sequence pays per step
     in graph bookkeeping.  Weights are PyTorch's: w_ih (3H, I), w_hh (3H, H), and the biases
     (3H,) are given both or neither.
+
+    Inputs: ``parts`` tensors that joined along their last axis make x (..., I), then h_prev,
+    w_ih, w_hh and the biases.  A Bahdanau decoder's input is [y_{i-1}; c_i] (Bahdanau et
+    al. 2015, s_i = f(s_{i-1}, y_{i-1}, c_i)): with ``parts=2`` the cell reads y and c
+    themselves, and the join costs no node of its own.
     """
 
     @staticmethod
-    def symbolic(sp, x, h_prev, w_ih, w_hh, b_ih=None, b_hh=None):
-        x, h_prev = np.asarray(x, dtype=object), np.asarray(h_prev, dtype=object)
-        gi = np.matmul(x, np.asarray(w_ih, dtype=object).T)
-        gh = np.matmul(h_prev, np.asarray(w_hh, dtype=object).T)
-        if b_ih is not None:
-            gi, gh = gi + np.asarray(b_ih, dtype=object), gh + np.asarray(b_hh, dtype=object)
+    def symbolic(sp, *inputs, parts=1):
+        x = np.concatenate([np.asarray(p, dtype=object) for p in inputs[:parts]], axis=-1)
+        h_prev, w_ih, w_hh, *biases = (np.asarray(a, dtype=object) for a in inputs[parts:])
+        gi = np.matmul(x, w_ih.T)
+        gh = np.matmul(h_prev, w_hh.T)
+        if biases:
+            gi, gh = gi + biases[0], gh + biases[1]
         return GRUGates.symbolic(sp, gi, gh, h_prev)
 
-    def forward(self, x, h_prev, w_ih, w_hh, b_ih=None, b_hh=None):
-        biases = () if b_ih is None else (b_ih, b_hh)
-        check_same_dtype(self, x, h_prev, w_ih, w_hh, *biases)
-        check_float(self, x)
-        hidden = h_prev.shape[-1] if h_prev.ndim else 0
-        if (w_ih.ndim != 2 or w_hh.ndim != 2 or tuple(w_hh.shape) != (3 * hidden, hidden)
-                or w_ih.shape[0] != 3 * hidden or x.ndim == 0 or x.shape[-1] != w_ih.shape[1]
-                or x.shape[:-1] != h_prev.shape[:-1]
-                or any(tuple(b.shape) != (3 * hidden,) for b in biases)):
-            names = ("x", "h_prev", "w_ih", "w_hh", "b_ih", "b_hh")
-            arrays = (x, h_prev, w_ih, w_hh, *biases)
-            shapes = ", ".join(f"{name} {tuple(a.shape)}" for name, a in zip(names, arrays, strict=False))
-            self.fail(f"expected x (..., I), h_prev (..., H), w_ih (3H, I), w_hh (3H, H) and biases "
-                      f"(3H,); got {shapes}")
+    def forward(self, *inputs):
+        parts = self.attrs.get("parts", 1)
+        xs = inputs[:parts]
+        h_prev, w_ih, w_hh, *biases = inputs[parts:]
+        check_same_dtype(self, *inputs)
+        check_float(self, h_prev)
+        if not _gru_cell_fits(xs, h_prev, w_ih, w_hh, biases):
+            names = [f"x{k + 1}" if parts > 1 else "x" for k in range(parts)]
+            names += ["h_prev", "w_ih", "w_hh", "b_ih", "b_hh"]
+            shapes = ", ".join(f"{name} {tuple(a.shape)}" for name, a in zip(names, inputs, strict=False))
+            joined = " joined along the last axis" if parts > 1 else ""
+            self.fail(f"expected x (..., I){joined}, h_prev (..., H), w_ih (3H, I), w_hh (3H, H) "
+                      f"and biases (3H,) both or neither; got {shapes}")
         kb = self.backend
-        x2, h_prev2 = _rows(kb, x), _rows(kb, h_prev)                   # (B, I), (B, H)
+        h_prev2 = _rows(kb, h_prev)                                     # (B, H)
+        if parts == 1:
+            x2 = _rows(kb, xs[0])                                       # (B, I)
+        else:
+            x2 = kb.cat([_rows(kb, x) for x in xs], 1)                  # (B, I): [y; c]
         gi = kb.matmul_nt(x2, w_ih)                                     # (B, 3H)
         gh = kb.matmul_nt(h_prev2, w_hh)                                # (B, 3H)
         if biases:
-            gi, gh = kb.add(gi, b_ih), kb.add(gh, b_hh)
+            gi, gh = kb.add(gi, biases[0]), kb.add(gh, biases[1])
         h, gates = kb.gru_gates(gi, gh, h_prev2)                        # (B, H), (B, 3H)
-        self.saved = (x2, h_prev2, w_ih, w_hh, gates, gh, x.shape, h_prev.shape)
+        self.saved = (x2, h_prev2, w_ih, w_hh, gates, gh, [x.shape for x in xs], h_prev.shape)
         return _unrows(kb, h, h_prev.shape)
 
     def backward(self, dh):
-        x2, h_prev2, w_ih, w_hh, gates, gh, x_shape, state_shape = self.saved
+        x2, h_prev2, w_ih, w_hh, gates, gh, x_shapes, state_shape = self.saved
         kb = self.backend
+        parts = len(x_shapes)
         need = self.needs_grad
         dgi, dgh, dh_prev = kb.gru_gates_back(gates, gh, h_prev2, _rows(kb, dh))   # (B, 3H) x2, (B, H)
-        dx = _unrows(kb, kb.matmul(dgi, w_ih), x_shape) if need[0] else None      # (..., I)
-        if need[1]:
-            dh_prev = _unrows(kb, kb.add(dh_prev, kb.matmul(dgh, w_hh)), state_shape)
-        grads = (dx, dh_prev if need[1] else None,
-                 kb.matmul_tn(dgi, x2) if need[2] else None,                         # (3H, I)
-                 kb.matmul_tn(dgh, h_prev2) if need[3] else None)                    # (3H, H)
-        if len(need) == 6:
-            grads += (kb.sum(dgi, 0, False) if need[4] else None,
-                      kb.sum(dgh, 0, False) if need[5] else None)
-        return grads
+        grads = [None] * len(need)
+        if True in need[:parts]:
+            dx2 = kb.matmul(dgi, w_ih)                                              # (B, I)
+            if parts == 1:
+                grads[0] = _unrows(kb, dx2, x_shapes[0])
+            else:
+                pieces = kb.split(dx2, [shape[-1] for shape in x_shapes], 1)
+                for k in range(parts):
+                    if need[k]:
+                        grads[k] = _unrows(kb, pieces[k], x_shapes[k])
+        if need[parts]:
+            grads[parts] = _unrows(kb, kb.add(dh_prev, kb.matmul(dgh, w_hh)), state_shape)
+        if need[parts + 1]:
+            grads[parts + 1] = kb.matmul_tn(dgi, x2)                                # (3H, I)
+        if need[parts + 2]:
+            grads[parts + 2] = kb.matmul_tn(dgh, h_prev2)                           # (3H, H)
+        if len(need) == parts + 5:
+            if need[parts + 3]:
+                grads[parts + 3] = kb.sum(dgi, 0, False)
+            if need[parts + 4]:
+                grads[parts + 4] = kb.sum(dgh, 0, False)
+        return tuple(grads)
 
     @classmethod
     def examples(cls):
@@ -180,7 +219,10 @@ class GRUCell(Op):
                 Example((uniform(946, 2, 1, 2), uniform(947, 2, 1, 1), uniform(948, 3, 2),
                          uniform(949, 3, 1))),                                       # no biases
                 Example((uniform(950, 3), uniform(951, 1), uniform(952, 3, 3), uniform(953, 3, 1),
-                         uniform(954, 3), uniform(955, 3)))]                         # unbatched
+                         uniform(954, 3), uniform(955, 3))),                         # unbatched
+                Example((uniform(956, 2, 1, 2), uniform(957, 2, 1, 1), uniform(958, 2, 1, 2),
+                         uniform(959, 6, 3), uniform(960, 6, 2), uniform(961, 6), uniform(962, 6)),
+                        {"parts": 2})]                                               # x = [y; c]
 
 
 @register
