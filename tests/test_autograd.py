@@ -5,6 +5,7 @@ import pytest
 
 import tinygrad_attn as ta
 from tinygrad_attn import Tensor
+from tinygrad_attn import functional as F
 
 
 def test_backward_chain_of_10000_steps_needs_no_recursion():
@@ -193,3 +194,80 @@ def test_viz_summary_lists_every_tensor_in_order_with_scopes():
     assert "const" in lines[4]                      # the scalar 2 is drawn too
     assert "Sum[%5](axis=None, keepdims=False)" in lines[6]
     assert len(viz.nodes(h)) == 4
+
+
+# ------------------------------------------------------------ deferred weight gradients
+
+
+def _numeric_grad(fn, x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    grad = np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        old = x[i]
+        x[i] = old + eps
+        up = fn()
+        x[i] = old - eps
+        down = fn()
+        x[i] = old
+        grad[i] = (up - down) / (2 * eps)
+    return grad
+
+
+def test_a_weight_used_at_every_step_gets_the_summed_gradient():
+    """Linear, GRUCell and Embedding defer their weights' gradients and stack the rows of
+    every use: the result equals the per-use sum, here against central differences."""
+    rng = np.random.default_rng(0)
+    table, w_out = rng.standard_normal((5, 3)), rng.standard_normal((4, 2))
+    w_ih, w_hh = rng.standard_normal((6, 3)), rng.standard_normal((6, 2))
+    ids = rng.integers(0, 5, (2, 4))
+
+    def loss(grad: bool):
+        params = [Tensor(a, dtype=np.float64, requires_grad=grad) for a in (table, w_out, w_ih, w_hh)]
+        emb, out, ih, hh = params
+        h = Tensor(np.zeros((2, 2)), dtype=np.float64)
+        total = 0.0
+        for t in range(4):
+            x = F.embedding(ids[:, t], emb)                          # (2, 3)
+            h = F.gru_cell(x, h, ih, hh)
+            total = total + (F.linear(h, out) ** 2).sum()
+        return total, params
+
+    value, params = loss(True)
+    value.backward()
+    for array, param in zip((table, w_out, w_ih, w_hh), params, strict=True):
+        expected = _numeric_grad(lambda: float(loss(False)[0].numpy()), array)
+        np.testing.assert_allclose(param.grad.numpy(), expected, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_deferred_and_dense_gradients_of_one_tensor_add_up(dense):
+    """A tied weight: the embedding table is also the output layer's weight (a scatter and
+    a GEMM, which cannot stack), with and without a dense use; and a non-leaf (a slice)
+    feeding Linear."""
+    rng = np.random.default_rng(1)
+    table = rng.standard_normal((5, 3))
+    ids = np.array([[1, 4], [2, 1]])
+
+    def loss(w: Tensor):
+        emb = F.embedding(ids, w)                                     # (2, 2, 3)
+        logits = F.linear(emb, w)                                     # (2, 2, 5)
+        if dense:
+            logits = logits + F.linear(emb, w[:, ::-1] * 1.0) + (w * w).sum()
+        return (logits.tanh() ** 2).sum()
+
+    w = Tensor(table, dtype=np.float64, requires_grad=True)
+    loss(w).backward()
+    expected = _numeric_grad(lambda: float(loss(Tensor(table, dtype=np.float64)).numpy()), table)
+    np.testing.assert_allclose(w.grad.numpy(), expected, rtol=1e-6, atol=1e-8)
+
+
+def test_deferred_gradients_reach_retained_and_anomaly_checked_tensors():
+    rng = np.random.default_rng(2)
+    w = Tensor(rng.standard_normal((4, 3)), dtype=np.float64, requires_grad=True)
+    x = Tensor(rng.standard_normal((2, 3)), dtype=np.float64)
+    v = w * 2.0                                                        # a non-leaf weight
+    v.retain_grad()
+    with ta.detect_anomaly():
+        (F.linear(x, v).sum() + F.linear(x * 3.0, v).sum()).backward()
+    expected = np.tile(x.numpy().sum(0) * 4.0, (4, 1))
+    np.testing.assert_allclose(v.grad.numpy(), expected, rtol=1e-12)
+    np.testing.assert_allclose(w.grad.numpy(), 2.0 * expected, rtol=1e-12)

@@ -29,6 +29,7 @@ import numpy as np
 __all__ = [
     "Op",
     "Node",
+    "DeferredGrad",
     "Example",
     "register",
     "registry",
@@ -351,6 +352,56 @@ def register(cls: type[Op]) -> type[Op]:
 # ---------------------------------------------------------------- backward
 
 
+class DeferredGrad:
+    """A gradient ``fn(*args, *extras)`` left unevaluated because ``fn`` adds over rows:
+    fn(X_1 ++ X_2, Y_1 ++ Y_2) = fn(X_1, Y_1) + fn(X_2, Y_2), ++ stacking rows (axis 0).
+
+    A weight's gradient dG^T x, a bias's column sums and an embedding's scatter-add of rows
+    are such sums.  An unrolled RNN uses its weights once per time step, so backward would
+    compute a small product per step and add them up; instead it stacks the rows every step
+    gives and calls ``fn`` once, when the gradient is read: one GEMM over the whole sequence
+    for each weight, as cuDNN's RNN backward does.  Ops return one from ``backward`` for
+    such inputs; ``value()`` gives the array.
+    """
+
+    __slots__ = ("backend", "fn", "shape", "args", "extras")
+
+    def __init__(self, backend, fn, shape: tuple, args: tuple, extras: tuple = ()):
+        self.backend, self.fn, self.shape, self.extras = backend, fn, tuple(shape), extras
+        self.args = [[a] for a in args]
+
+    def absorb(self, other: DeferredGrad) -> bool:
+        """Take ``other``'s rows, if it is a gradient of the same kind; False if not."""
+        if other.fn != self.fn or other.extras != self.extras or other.shape != self.shape:
+            return False
+        for mine, theirs in zip(self.args, other.args, strict=True):
+            mine.extend(theirs)
+        return True
+
+    def value(self):
+        cat = self.backend.cat
+        return self.fn(*[a[0] if len(a) == 1 else cat(a, 0) for a in self.args], *self.extras)
+
+
+def _accumulate(grads: dict, owned: set, key: int, gi, backend) -> None:
+    """Add gradient ``gi`` into ``grads[key]`` (which exists)."""
+    prev = grads[key]
+    deferred = type(gi) is DeferredGrad
+    if deferred and type(prev) is DeferredGrad and prev.absorb(gi):
+        return
+    if deferred:
+        gi = gi.value()
+    if type(prev) is DeferredGrad:
+        prev = prev.value()           # a new array: owned from here on
+        grads[key] = backend.add_(prev, gi)
+        owned.add(key)
+    elif key in owned:
+        grads[key] = backend.add_(prev, gi)
+    else:
+        grads[key] = backend.add(prev, gi)
+        owned.add(key)
+
+
 def toposort(root, only_grad: bool = True) -> list:
     """Tensors that lead to ``root``, root first, each after every tensor made from it.
 
@@ -412,6 +463,8 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
         g = grads.pop(id(t), None)
         if g is None:
             continue
+        if type(g) is DeferredGrad:
+            g = g.value()
         node = t.node
         if node is None or t._retains_grad:
             t._accumulate_grad(g)
@@ -439,11 +492,8 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
             key = id(inp)
             if key not in grads:
                 grads[key] = gi
-            elif key in owned:
-                grads[key] = op.backend.add_(grads[key], gi)
             else:
-                grads[key] = op.backend.add(grads[key], gi)
-                owned.add(key)
+                _accumulate(grads, owned, key, gi, op.backend)
         if not retain_graph:
             op.saved = ()
             op.freed = True
@@ -453,7 +503,7 @@ def _check_finite(node: Node, input_grads) -> None:
     for k, gi in enumerate(input_grads):
         if gi is None:
             continue
-        values = node.op.backend.to_numpy(gi)
+        values = node.op.backend.to_numpy(gi.value() if type(gi) is DeferredGrad else gi)
         if np.all(np.isfinite(values)):
             continue
         kind = "NaN" if np.isnan(values).any() else "inf"

@@ -8,7 +8,7 @@ Write your own the same way; it gets ``ta.check`` verification and graph records
     y = MyOp.apply(x, some_attr=1)
 """
 
-from ..autograd import Example, Op, register, registry
+from ..autograd import DeferredGrad, Example, Op, register, registry
 from . import attention, elementwise, linalg, movement, nn, reduce, rnn
 from .attention import AdditiveScores, MaskedSoftmax, ScaledDotProduct
 from .elementwise import (
@@ -35,7 +35,7 @@ from .reduce import Max, Mean, Sum
 from .rnn import GRUCell, GRUGates, LSTMCellState, LSTMHidden
 
 __all__ = [
-    "Op", "Example", "register", "registry",
+    "Op", "Example", "DeferredGrad", "register", "registry",
     "attention", "elementwise", "linalg", "movement", "nn", "reduce", "rnn",
     "Add", "Sub", "Mul", "Div", "Neg", "Pow", "Exp", "Log", "Tanh", "Sigmoid", "Relu",
     "LeakyRelu", "Where", "MaskedFill", "Cast", "Linear", "MatMul", "Reshape", "Permute", "Expand",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..autograd import Example, Op, register
+from ..autograd import DeferredGrad, Example, Op, register
 from ._common import batch_shape, check_float, check_same_dtype, uniform
 
 
@@ -115,10 +115,12 @@ class Linear(Op):
         k = self.backend
         dy2 = k.reshape(dy, (-1, weight.shape[0]))                     # (N, out)
         dx = k.reshape(k.matmul(dy2, weight), x_shape) if self.needs_grad[0] else None
-        dw = k.matmul_tn(dy2, x2) if self.needs_grad[1] else None      # (out, in)
+        # The weight's and bias's: one GEMM (one sum) over every call's rows, when read.
+        dw = DeferredGrad(k, k.matmul_tn, weight.shape, (dy2, x2)) if self.needs_grad[1] else None
         grads = (dx, dw)
         if len(self.needs_grad) == 3:
-            grads += (k.sum(dy2, 0, False) if self.needs_grad[2] else None,)
+            db = DeferredGrad(k, k.sum, dy2.shape[1:], (dy2,), (0, False)) if self.needs_grad[2] else None
+            grads += (db,)
         return grads
 
     @classmethod

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..autograd import Example, Op, register
+from ..autograd import DeferredGrad, Example, Op, register
 from ._common import (
     check_float,
     check_integer,
@@ -220,6 +220,10 @@ class NLLLoss(Op):
 # ---------------------------------------------------------------- embedding and dropout
 
 
+def _embedding_grad(ids, dy, kb, rows: int, padding_idx):
+    return kb.embedding_back(rows, ids, dy, padding_idx)                # (rows, E)
+
+
 _UNSIGNED = {np.dtype(f"i{n}"): np.dtype(f"u{n}") for n in (1, 2, 4, 8)}
 
 
@@ -254,7 +258,12 @@ class Embedding(Op):
 
     def backward(self, dy):
         rows, ids = self.saved
-        return self.backend.embedding_back(rows, ids, dy, self.padding_idx), None
+        kb = self.backend
+        # Rows scattered into the table: one scatter over every step's ids, when read.
+        width = dy.shape[-1]
+        flat_ids, flat_dy = kb.reshape(ids, (-1,)), kb.reshape(dy, (-1, width))
+        return DeferredGrad(kb, _embedding_grad, (rows, width), (flat_ids, flat_dy),
+                            (kb, rows, self.padding_idx)), None
 
     @classmethod
     def examples(cls):

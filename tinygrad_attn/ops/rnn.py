@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from ..autograd import Example, Op, register
+from ..autograd import DeferredGrad, Example, Op, register
 from ._common import check_float, check_same_dtype, elementwise, uniform
 
 
@@ -201,15 +201,16 @@ class GRUCell(Op):
                         grads[k] = _unrows(kb, pieces[k], x_shapes[k])
         if need[parts]:
             grads[parts] = _unrows(kb, kb.add(dh_prev, kb.matmul(dgh, w_hh)), state_shape)
+        # Weights and biases: one GEMM (one sum) over every step's rows, when read.
         if need[parts + 1]:
-            grads[parts + 1] = kb.matmul_tn(dgi, x2)                                # (3H, I)
+            grads[parts + 1] = DeferredGrad(kb, kb.matmul_tn, w_ih.shape, (dgi, x2))     # (3H, I)
         if need[parts + 2]:
-            grads[parts + 2] = kb.matmul_tn(dgh, h_prev2)                           # (3H, H)
+            grads[parts + 2] = DeferredGrad(kb, kb.matmul_tn, w_hh.shape, (dgh, h_prev2))  # (3H, H)
         if len(need) == parts + 5:
             if need[parts + 3]:
-                grads[parts + 3] = kb.sum(dgi, 0, False)
+                grads[parts + 3] = DeferredGrad(kb, kb.sum, dgi.shape[1:], (dgi,), (0, False))
             if need[parts + 4]:
-                grads[parts + 4] = kb.sum(dgh, 0, False)
+                grads[parts + 4] = DeferredGrad(kb, kb.sum, dgh.shape[1:], (dgh,), (0, False))
         return tuple(grads)
 
     @classmethod
