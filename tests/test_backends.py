@@ -111,3 +111,21 @@ def test_numpy_broadcast_to_is_as_strict_as_numpy_and_never_writes_through():
     same = reference.broadcast_to(x, (1, 3))
     assert not same.flags.writeable and np.shares_memory(same, x)
     np.testing.assert_array_equal(reference.broadcast_to(x, (2, 3)), np.broadcast_to(x, (2, 3)))
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [
+    ((8, 20, 1), (8, 1, 32)),       # a decoder step's d(keys): batched outer products
+    ((3, 1), (1, 4)),
+    ((2, 5, 1), (1, 3)),            # broadcast batch axes
+    ((5, 1), (2, 1, 3)),
+    ((2, 4, 3), (2, 3, 5)),         # inner size above 1: numpy's matmul
+])
+def test_reference_matmuls_equal_numpy_for_outer_products(a_shape, b_shape):
+    from tinygrad_attn.compiler import numpy_backend as reference
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
+    want = np.matmul(a, b)
+    np.testing.assert_array_equal(reference.matmul(a, b), want)
+    np.testing.assert_array_equal(reference.matmul_tn(np.swapaxes(a, -1, -2).copy(), b), want)
+    np.testing.assert_array_equal(reference.matmul_nt(a, np.swapaxes(b, -1, -2).copy()), want)
