@@ -51,7 +51,7 @@ def bahdanau_step():
         with ta.scope("attention"):
             context, _ = step.attention(s_prev, keys)                    # (B, H): one query per row
         context.name = "c_i"
-        s = step.cell(ta.cat([y_prev, context], axis=-1), s_prev)        # (B, H)
+        s = step.cell((y_prev, context), s_prev)                         # [y; c] in, (B, H) out
         s.name = "s_i"
         logits = step.out(ta.cat([s, context], axis=-1))                 # (B, V)
         logits.name = "logits"
