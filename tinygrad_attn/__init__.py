@@ -23,7 +23,7 @@ from .random import manual_seed
 from .serialize import SerializationError, load, save
 from .tensor import Tensor, cat, stack, where
 
-__version__ = "0.4.1"
+__version__ = "0.5.0"
 
 __all__ = [
     "Tensor",
