@@ -271,3 +271,37 @@ def test_deferred_gradients_reach_retained_and_anomaly_checked_tensors():
     expected = np.tile(x.numpy().sum(0) * 4.0, (4, 1))
     np.testing.assert_allclose(v.grad.numpy(), expected, rtol=1e-12)
     np.testing.assert_allclose(w.grad.numpy(), 2.0 * expected, rtol=1e-12)
+
+
+def test_deferred_rows_are_summed_once_they_outgrow_the_gradient():
+    """A per-step output layer over a large vocabulary: the rows waiting for the weight's
+    turn are folded into a partial sum instead of piling up, and the gradient is the same."""
+    rng = np.random.default_rng(3)
+    B, H, V, T = 4, 3, 70_000, 6                      # 4 x 70k entries a step pass the 1M limit
+    w = Tensor(rng.standard_normal((V, H)) * 0.01, dtype=np.float64, requires_grad=True)
+    xs = [rng.standard_normal((B, H)) for _ in range(T)]
+    total = 0.0
+    for x in xs:
+        total = total + F.linear(Tensor(x, dtype=np.float64), w).tanh().sum()
+    grads = {}
+    original = ta.autograd.DeferredGrad._add_partial
+    folds = []
+
+    def counting(self, array):
+        folds.append(array.shape)
+        original(self, array)
+
+    ta.autograd.DeferredGrad._add_partial = counting
+    try:
+        total.backward()
+    finally:
+        ta.autograd.DeferredGrad._add_partial = original
+    grads["deferred"] = w.grad.numpy()
+    expected = sum((1 - np.tanh(x @ w.numpy().T) ** 2).T @ x for x in xs)
+    np.testing.assert_allclose(grads["deferred"], expected, rtol=1e-12)
+    assert folds and all(shape == (V, H) for shape in folds)
+
+
+def test_op_attributes_may_not_hide_the_ops_own_fields():
+    with pytest.raises(TypeError, match=r"Mul: attribute names \['name'\] are taken"):
+        ta.ops.Mul.apply(Tensor([1.0]), Tensor([2.0]), name="label")

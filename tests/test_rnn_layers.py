@@ -298,3 +298,11 @@ def test_input_in_parts_errors_name_the_parts():
     with pytest.raises(ta.ShapeError, match=r"GRUCell: expected x \(\.\.\., I\) joined along the last axis"):
         ta.ops.GRUCell.apply(Tensor.zeros(2, 1), Tensor.zeros(2, 2), Tensor.zeros(2, 3),
                              Tensor.zeros(9, 4), Tensor.zeros(9, 3), parts=2)
+
+
+def test_embedding_rejects_negative_small_integer_ids():
+    weight = Tensor(np.random.default_rng(0).standard_normal((300, 2)), requires_grad=True)
+    for dtype in (np.int8, np.int16, np.int32, np.int64):
+        ids = Tensor(np.array([-1, 0])).astype(dtype)
+        with pytest.raises(ta.ShapeError, match=r"Embedding: id -1 is outside \[0, 300\)"):
+            ta.functional.embedding(ids, weight)

@@ -18,6 +18,7 @@ at the time.  ``backward`` walks those records with an iterative topological sor
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import threading
 import traceback
@@ -207,6 +208,10 @@ class Op:
     def __init__(self, backend, **attrs):
         # Attributes are also fields, read inside forward/backward as self.axis: a plain
         # lookup, where a __getattr__ fallback would cost a failed lookup (~1.5 us) each.
+        if attrs and not _OP_FIELDS.isdisjoint(attrs):
+            taken = sorted(_OP_FIELDS.intersection(attrs))
+            raise TypeError(f"{type(self).__name__}: attribute names {taken} are taken by Op's "
+                            f"own fields and methods; rename them")
         self.__dict__.update(attrs)
         self.backend = backend
         self.attrs = attrs
@@ -266,6 +271,11 @@ class Op:
 
     def __repr__(self) -> str:
         return f"{self.name}({self.attrs_text()})"
+
+
+# What an op's attribute may not be called: it would hide these.
+_OP_FIELDS = frozenset({name for name in dir(Op) if not name.startswith("__")}
+                       | {"name", "backend", "attrs", "saved", "needs_grad", "freed"})
 
 
 def _short(value) -> str:
@@ -362,13 +372,21 @@ class DeferredGrad:
     gives and calls ``fn`` once, when the gradient is read: one GEMM over the whole sequence
     for each weight, as cuDNN's RNN backward does.  Ops return one from ``backward`` for
     such inputs; ``value()`` gives the array.
+
+    The rows held wait for the weight's turn in backward, so once they outgrow the gradient
+    itself (or 1M entries, whichever is more) they are summed into a partial result: a
+    per-step output layer over a large vocabulary holds at most about one gradient's worth
+    of rows, not every step's.
     """
 
-    __slots__ = ("backend", "fn", "shape", "args", "extras")
+    __slots__ = ("backend", "fn", "shape", "args", "extras", "held", "limit", "partial")
 
     def __init__(self, backend, fn, shape: tuple, args: tuple, extras: tuple = ()):
         self.backend, self.fn, self.shape, self.extras = backend, fn, tuple(shape), extras
         self.args = [[a] for a in args]
+        self.held = sum(a.size for a in args)
+        self.limit = max(math.prod(self.shape), 1 << 20)
+        self.partial = None
 
     def absorb(self, other: DeferredGrad) -> bool:
         """Take ``other``'s rows, if it is a gradient of the same kind; False if not."""
@@ -376,11 +394,29 @@ class DeferredGrad:
             return False
         for mine, theirs in zip(self.args, other.args, strict=True):
             mine.extend(theirs)
+        self.held += other.held
+        if other.partial is not None:
+            self._add_partial(other.partial)
+        if self.held > self.limit:
+            self._add_partial(self._stacked())
+            self.args = [[] for _ in self.args]
+            self.held = 0
         return True
 
     def value(self):
+        """The gradient, a new array."""
+        if self.held == 0 and self.partial is not None:
+            return self.partial
+        result = self._stacked()
+        return result if self.partial is None else self.backend.add_(self.partial, result)
+
+    def _stacked(self):
         cat = self.backend.cat
         return self.fn(*[a[0] if len(a) == 1 else cat(a, 0) for a in self.args], *self.extras)
+
+    def _add_partial(self, array) -> None:
+        # The first partial is fn's own new array, so later ones add into it in place.
+        self.partial = array if self.partial is None else self.backend.add_(self.partial, array)
 
 
 def _accumulate(grads: dict, owned: set, key: int, gi, backend) -> None:

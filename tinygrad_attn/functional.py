@@ -147,7 +147,9 @@ def check_cell(what: str, gates: int, x: Tensor | tuple, states: tuple, w_ih: Te
     if w_ih.shape[0] != gates * hidden:
         raise ShapeError(f"{what}: w_ih must have {gates}H = {gates * hidden} rows for H = {hidden}; "
                          f"got {shapes()}")
-    if any(p.ndim == 0 or p.shape[:-1] != parts[0].shape[:-1] for p in parts):
+    if any(p.ndim == 0 for p in parts):
+        raise ShapeError(f"{what}: x must have at least one axis (I); got {shapes()}")
+    if any(p.shape[:-1] != parts[0].shape[:-1] for p in parts):
         raise ShapeError(f"{what}: the parts of x must agree on every axis but the last; got {shapes()}")
     width = sum(p.shape[-1] for p in parts)
     if width != w_ih.shape[1]:

@@ -3,7 +3,8 @@ additive score function, and scaled dot-product attention that never keeps its w
 
 The rest of every mechanism (dot products, projections, the weighted sum of values) is
 matrix products, so ``ta.attention`` builds each mechanism from these ops and MatMul
-inside one named scope.
+inside one named scope; only the additive score projects its query inside the op (the
+keys' projection is made once per sentence, outside).
 """
 
 from __future__ import annotations

@@ -224,7 +224,7 @@ def _embedding_grad(ids, dy, kb, rows: int, padding_idx):
     return kb.embedding_back(rows, ids, dy, padding_idx)                # (rows, E)
 
 
-_UNSIGNED = {np.dtype(f"i{n}"): np.dtype(f"u{n}") for n in (1, 2, 4, 8)}
+_UNSIGNED = {np.dtype(f"i{n}"): np.dtype(f"u{n}") for n in (4, 8)}
 
 
 @register
@@ -247,9 +247,14 @@ class Embedding(Op):
         if self.padding_idx is not None and not 0 <= self.padding_idx < rows:
             self.fail(f"padding_idx {self.padding_idx} is outside [0, {rows})")
         host_ids = self.backend.to_numpy(ids)    # on the host: a device array has no min()
-        # One reduction finds any id outside [0, rows): read as unsigned, negatives are huge.
-        unsigned = host_ids.view(_UNSIGNED.get(host_ids.dtype, host_ids.dtype))
-        if host_ids.size and np.maximum.reduce(unsigned, axis=None) >= rows:
+        # One reduction finds any id outside [0, rows) in 32- and 64-bit ids: read as
+        # unsigned, a negative is at least 2^31, more rows than any table has.
+        unsigned = _UNSIGNED.get(host_ids.dtype)
+        if unsigned is not None:
+            bad = host_ids.size and np.maximum.reduce(host_ids.view(unsigned), axis=None) >= rows
+        else:
+            bad = host_ids.size and (host_ids.min() < 0 or host_ids.max() >= rows)
+        if bad:
             low, high = host_ids.min(), host_ids.max()
             bad = int(low) if low < 0 else int(high)
             self.fail(f"id {bad} is outside [0, {rows}) for weight of shape {tuple(weight.shape)}")

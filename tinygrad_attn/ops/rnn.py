@@ -158,6 +158,9 @@ class GRUCell(Op):
 
     def forward(self, *inputs):
         parts = self.attrs.get("parts", 1)
+        if not 1 <= parts <= len(inputs) - 3:
+            self.fail(f"parts={parts} needs 1 to {len(inputs) - 3} input parts before h_prev, "
+                      f"w_ih and w_hh; got {len(inputs)} inputs")
         xs = inputs[:parts]
         h_prev, w_ih, w_hh, *biases = inputs[parts:]
         check_same_dtype(self, *inputs)
