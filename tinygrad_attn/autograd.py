@@ -382,19 +382,24 @@ class DeferredGrad:
     __slots__ = ("backend", "fn", "shape", "args", "extras", "held", "limit", "partial")
 
     def __init__(self, backend, fn, shape: tuple, args: tuple, extras: tuple = ()):
-        self.backend, self.fn, self.shape, self.extras = backend, fn, tuple(shape), extras
+        # Lean: ops make one per weight and step.  What only a gradient that absorbs others
+        # needs (the count of entries held, the limit) is set on its first absorb.
+        self.backend, self.fn, self.shape, self.extras = backend, fn, shape, extras
         self.args = [[a] for a in args]
-        self.held = sum(a.size for a in args)
-        self.limit = max(math.prod(self.shape), 1 << 20)
+        self.held = -1
         self.partial = None
 
     def absorb(self, other: DeferredGrad) -> bool:
         """Take ``other``'s rows, if it is a gradient of the same kind; False if not."""
         if other.fn != self.fn or other.extras != self.extras or other.shape != self.shape:
             return False
+        if self.held < 0:
+            self.held = sum(a.size for rows in self.args for a in rows)
+            self.limit = max(math.prod(self.shape), 1 << 20)
         for mine, theirs in zip(self.args, other.args, strict=True):
             mine.extend(theirs)
-        self.held += other.held
+            for a in theirs:
+                self.held += a.size
         if other.partial is not None:
             self._add_partial(other.partial)
         if self.held > self.limit:
