@@ -126,21 +126,30 @@ def embedding(ids, weight: Tensor, padding_idx: int | None = None) -> Tensor:
 # ---------------------------------------------------------------- recurrent cells
 
 
+def input_parts(what: str, x) -> tuple[Tensor, ...]:
+    """A cell's input as a tuple of the tensors that, joined along the last axis, make it:
+    ``(x,)`` for a Tensor, the tensors themselves for a tuple or list of them."""
+    parts = tuple(x) if isinstance(x, tuple | list) else (x,)
+    for p in parts:                  # a loop, not all(genexpr): a decoder calls this every step
+        if not isinstance(p, Tensor):
+            raise TypeError(f"{what}: x must be a Tensor or a non-empty tuple of Tensors, got "
+                            f"{type(p).__name__}")
+    if not parts:
+        raise TypeError(f"{what}: x must be a Tensor or a non-empty tuple of Tensors, got ()")
+    return parts
+
+
 def check_cell(what: str, gates: int, x: Tensor | tuple, states: tuple, w_ih: Tensor, w_hh: Tensor,
                  b_ih: Tensor | None, b_hh: Tensor | None) -> None:
     """Check a cell's arguments against PyTorch's layout, naming the function in errors.
     ``x`` is a Tensor or a tuple of parts joined along the last axis."""
-    parts = x if isinstance(x, tuple) else (x,)
+    parts = input_parts(what, x)
     inputs = [(f"x{k + 1}" if len(parts) > 1 else "x", p) for k, p in enumerate(parts)]
 
     def shapes() -> str:
         named = [*inputs, *states, ("w_ih", w_ih), ("w_hh", w_hh), ("b_ih", b_ih), ("b_hh", b_hh)]
         return ", ".join(f"{name} {t.shape}" for name, t in named if t is not None)
 
-    for name, p in inputs:
-        if not isinstance(p, Tensor):
-            raise TypeError(f"{what}: x must be a Tensor or a tuple of Tensors, got {name} of type "
-                            f"{type(p).__name__}")
     if w_hh.ndim != 2 or w_ih.ndim != 2 or w_hh.shape[0] != gates * w_hh.shape[1]:
         raise ShapeError(f"{what}: expected w_ih ({gates}H, I) and w_hh ({gates}H, H); got {shapes()}")
     hidden = w_hh.shape[1]
@@ -201,14 +210,12 @@ def gru_cell(x: Tensor, h: Tensor | None, w_ih: Tensor, w_hh: Tensor, b_ih: Tens
         >>> F.gru_cell(x, h, w_ih, w_hh, b_ih, b_hh).shape
         (8, 32)
     """
-    x = tuple(x) if isinstance(x, list) else x
-    if isinstance(x, tuple) and not x:
-        raise TypeError("gru_cell: x is an empty tuple; pass a Tensor or its parts")
+    parts = input_parts("gru_cell", x)
     if h is None:
-        like = x[0] if isinstance(x, tuple) else x
+        like = parts[0]
         h = Tensor.zeros(*like.shape[:-1], w_hh.shape[-1], dtype=like.dtype, device=like.device)
-    check_cell("gru_cell", 3, x, (("h", h),), w_ih, w_hh, b_ih, b_hh)
-    return gru_step(x, h, w_ih, w_hh, b_ih, b_hh)
+    check_cell("gru_cell", 3, parts, (("h", h),), w_ih, w_hh, b_ih, b_hh)
+    return gru_step(parts, h, w_ih, w_hh, b_ih, b_hh)
 
 
 def gru_step(x: Tensor | tuple[Tensor, ...], h: Tensor, w_ih: Tensor, w_hh: Tensor,
@@ -217,7 +224,7 @@ def gru_step(x: Tensor | tuple[Tensor, ...], h: Tensor, w_ih: Tensor, w_hh: Tens
 
     ``x`` may be a tuple of tensors that joined along the last axis make the input (a
     Bahdanau decoder's [y; c]): the fused node reads them as they are, with no Cat node."""
-    parts = tuple(x) if isinstance(x, tuple | list) else (x,)
+    parts = x if isinstance(x, tuple) else (x,)
     if (b_ih is None) != (b_hh is None):             # the fused node takes both biases or neither
         joined = parts[0] if len(parts) == 1 else cat(parts, axis=-1)
         gi = _affine(joined, w_ih, b_ih)                             # (..., 3H)

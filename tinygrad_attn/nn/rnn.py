@@ -295,14 +295,10 @@ class _RNNBase(Module):
             raise ValueError(f"{type(self).__name__}.step: a bidirectional layer needs the whole "
                              f"sequence; call it on (B, T, I) instead")
         name = type(self).__name__
-        parts = tuple(x) if isinstance(x, tuple | list) else (x,)
+        parts = F.input_parts(f"{name}.step", x)
         width = 0
-        for p in parts:              # loops, not any(genexpr): a decoder calls this every step
-            if not isinstance(p, Tensor):
-                raise TypeError(f"{name}.step: input must be a Tensor or a tuple of Tensors, got {x!r}")
+        for p in parts:              # a loop, not sum(genexpr): a decoder calls this every step
             width += p.shape[-1] if p.ndim else 0
-        if not parts:
-            raise TypeError(f"{name}.step: input must be a Tensor or a tuple of Tensors, got {x!r}")
         lead = parts[0].shape[:-1]
         if width != self.input_size or any(p.ndim < 2 or p.shape[:-1] != lead for p in parts):
             shapes = ", ".join(str(p.shape) for p in parts)
