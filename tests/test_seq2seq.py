@@ -242,7 +242,7 @@ def test_copy_length_5_is_learned_above_90_percent():
     history = ta.models.train(model, task, steps=250, batch_size=32, lr=1e-2, seed=0)
     assert np.mean([r["loss"] for r in history[-20:]]) < 0.5 * np.mean([r["loss"] for r in history[:20]])
     metrics = ta.models.evaluate(model, task.test, task.src_vocab, task.tgt_vocab)
-    assert metrics["token_accuracy"] > 0.9, metrics
+    assert metrics["token_error_rate"] < 0.1, metrics
 
 
 def test_checkpoint_round_trip_decodes_the_same(tmp_path):
@@ -310,26 +310,31 @@ def test_repr_names_the_parts_and_counts_parameters():
     assert isinstance(model.attention, nn.AdditiveAttention)
 
 
-def test_evaluate_counts_missing_and_extra_positions_wrong():
+def test_evaluate_scores_each_source_once_against_all_its_targets():
     class Echo:
-        """Stands in for a model: decodes every source to fixed outputs."""
+        """Stands in for a model: decodes the sources of a batch to fixed outputs, by first token."""
 
         def __init__(self, outputs):
             self.outputs = outputs
 
         def greedy(self, src, max_len):
-            ids = np.zeros((len(self.outputs), max_len), dtype=np.int64)
-            for row, out in enumerate(self.outputs):
+            ids = np.zeros((len(src), max_len), dtype=np.int64)
+            for row, first in enumerate(src[:, 0]):
+                out = self.outputs[int(first)]
                 ids[row, : len(out) + 1] = [*out, END]
             return ids, None
 
     vocab = ta.data.Vocab(["a", "b"])
     a, b = vocab.id("a"), vocab.id("b")
-    pairs = [(["a"], ["a", "b"]), (["b"], ["b"]), (["a"], ["a"])]
-    metrics = ta.models.evaluate(Echo([[a], [b, b, a], [a]]), pairs, vocab, vocab)
-    # right positions: 1 of 2 (too short), 1 of 3 (two extra), 1 of 1
-    assert metrics["token_accuracy"] == pytest.approx(3 / 6)
-    assert metrics["exact_match"] == pytest.approx(1 / 3)
+    pairs = [(["a"], ["a", "b"]), (["b"], ["b"]), (["a"], ["a"])]      # "a" has two targets
+    metrics, rows = ta.models.evaluate(Echo({a: [a], b: [b, b, a]}), pairs, vocab, vocab,
+                                       return_outputs=True)
+    assert [(source, output) for source, output, _ in rows] == [(["a"], ["a"]), (["b"], ["b", "b", "a"])]
+    assert metrics["n"] == 2
+    assert metrics["exact_match"] == pytest.approx(1 / 2)          # "a" matches its second target
+    assert metrics["wer"] == pytest.approx(1 / 2)
+    # "a": 0 edits against its closest target ["a"] (length 1); "b": 2 insertions over 1
+    assert metrics["token_error_rate"] == pytest.approx((0 + 2) / (1 + 1))
 
 
 def test_bahdanau_step_from_seq2seq_is_the_models_decoder_step():

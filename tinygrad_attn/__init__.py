@@ -7,7 +7,7 @@
     ta.check.symbolic(lambda x: (x @ x.T).tanh().sum(), x)   # exact, with sympy
 """
 
-from . import attention, check, data, functional, models, nn, ops, optim
+from . import attention, check, data, functional, metrics, models, nn, ops, optim
 from .autograd import (
     DeviceError,
     DTypeError,
@@ -23,7 +23,7 @@ from .random import manual_seed
 from .serialize import SerializationError, load, save
 from .tensor import Tensor, cat, stack, where
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 __all__ = [
     "Tensor",
@@ -45,6 +45,7 @@ __all__ = [
     "data",
     "functional",
     "check",
+    "metrics",
     "ShapeError",
     "DTypeError",
     "DeviceError",

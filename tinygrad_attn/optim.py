@@ -1,11 +1,13 @@
 """Optimizers: SGD and Adam with PyTorch's update formulas, updating parameters in place.
 
     opt = optim.Adam(model.parameters(), lr=1e-3)
+    schedule = optim.WarmupCosine(opt, warmup=500, total=10_000)   # or ReduceLROnPlateau(opt)
     for src, tgt_in, tgt_out in batches:
         opt.zero_grad()
         logits, _ = model(src, tgt_in)                            # (B, T, V)
         ta.functional.cross_entropy(logits, tgt_out, ignore_index=0).backward()
         opt.step()
+        schedule.step()
 
 ``step()`` works on the raw arrays (``p.data``, ``p.grad.data``) with in-place numpy ufuncs
 into preallocated buffers, so it builds no graph nodes, allocates nothing after a
@@ -31,7 +33,7 @@ import numpy as np
 from .autograd import DTypeError, ShapeError, enable_grad
 from .tensor import Tensor
 
-__all__ = ["Optimizer", "SGD", "Adam"]
+__all__ = ["Optimizer", "SGD", "Adam", "WarmupCosine", "ReduceLROnPlateau"]
 
 
 def _collect_parameters(owner: str, params) -> list[Tensor]:
@@ -432,3 +434,132 @@ class Adam(Optimizer):
         np.multiply(exp_avg, -step_size, out=extra)
         np.divide(extra, denom, out=extra)
         np.add(param, extra, out=param)
+
+
+# ---------------------------------------------------------------- learning-rate schedules
+
+
+class WarmupCosine:
+    """Linear warm-up, then cosine decay: the learning rate after ``step`` optimizer steps is
+
+        base * step / warmup                                          while step < warmup
+        final + (base - final) * (1 + cos(pi * (step - warmup) / (total - warmup))) / 2
+
+    and ``final`` from ``total`` on, with ``final = base * final_ratio``.  Warm-up keeps
+    Adam's first, badly estimated steps small (Vaswani et al. 2017 warm up too); the cosine
+    spends most steps near the base rate and ends slow.  The rate is a pure function of the
+    step, so ``state_dict`` holds only the step.
+
+    Args:
+        optimizer: its ``lr`` is set on every ``step()``; its ``lr`` at construction is ``base``.
+        warmup: steps of linear warm-up (0: none).
+        total: the step at which the decay ends (the run's total steps).
+        final_ratio: the last rate as a share of ``base``, in [0, 1].
+
+    Example:
+        >>> schedule = optim.WarmupCosine(opt, warmup=500, total=20_000)
+        >>> loss.backward(); opt.step(); schedule.step()
+    """
+
+    def __init__(self, optimizer: Optimizer, warmup: int, total: int, final_ratio: float = 0.0):
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"WarmupCosine: expected an Optimizer, got {type(optimizer).__name__}")
+        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+            raise ValueError(f"WarmupCosine: warmup must be an int >= 0, got {warmup!r}")
+        if isinstance(total, bool) or not isinstance(total, int) or total < max(warmup, 1):
+            raise ValueError(f"WarmupCosine: total must be an int >= max(warmup, 1), got {total!r}")
+        self.final_ratio = _check_number("WarmupCosine", "final_ratio", final_ratio, below=1.0 + 1e-12)
+        self.optimizer, self.base, self.warmup, self.total = optimizer, optimizer.lr, warmup, total
+        self.last_step = 0
+        optimizer.lr = self.rate(0)
+
+    def rate(self, step: int) -> float:
+        """The learning rate for the update after ``step`` updates."""
+        if step < self.warmup:
+            return self.base * (step + 1) / self.warmup
+        final = self.base * self.final_ratio
+        span = self.total - self.warmup
+        progress = min((step - self.warmup) / span, 1.0) if span > 0 else 1.0
+        return final + (self.base - final) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    def step(self) -> None:
+        """Call after each ``optimizer.step()``: sets the rate of the next update."""
+        self.last_step += 1
+        self.optimizer.lr = self.rate(self.last_step)
+
+    def state_dict(self) -> dict:
+        return {"schedule": "WarmupCosine", "base": self.base, "warmup": self.warmup,
+                "total": self.total, "final_ratio": self.final_ratio, "last_step": self.last_step}
+
+    def load_state_dict(self, state: dict) -> None:
+        _check_schedule_state(self, state, ("base", "warmup", "total", "final_ratio", "last_step"))
+        self.base, self.warmup, self.total = float(state["base"]), int(state["warmup"]), int(state["total"])
+        self.final_ratio, self.last_step = float(state["final_ratio"]), int(state["last_step"])
+        self.optimizer.lr = self.rate(self.last_step)
+
+
+class ReduceLROnPlateau:
+    """Multiply the learning rate by ``factor`` when a validation score has not improved for
+    ``patience`` evaluations, as ``torch.optim.lr_scheduler.ReduceLROnPlateau`` (relative
+    threshold, no cooldown).
+
+    Args:
+        optimizer: the optimizer whose ``lr`` is lowered.
+        mode: "max" (a score such as exact match) or "min" (a loss).
+        factor: in (0, 1).  patience: evaluations without improvement before lowering.
+        threshold: an improvement must beat the best by this share of it.
+        min_lr: the rate never goes below this.
+
+    Example:
+        >>> plateau = optim.ReduceLROnPlateau(opt, mode="max", patience=2)
+        >>> plateau.step(valid_exact_match)          # after each evaluation
+    """
+
+    def __init__(self, optimizer: Optimizer, mode: str = "max", factor: float = 0.5, patience: int = 2,
+                 threshold: float = 1e-4, min_lr: float = 0.0):
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"ReduceLROnPlateau: expected an Optimizer, got {type(optimizer).__name__}")
+        if mode not in ("max", "min"):
+            raise ValueError(f"ReduceLROnPlateau: mode must be 'max' or 'min', got {mode!r}")
+        if not 0.0 < factor < 1.0:
+            raise ValueError(f"ReduceLROnPlateau: factor must be in (0, 1), got {factor!r}")
+        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
+            raise ValueError(f"ReduceLROnPlateau: patience must be an int >= 0, got {patience!r}")
+        self.optimizer, self.mode, self.factor, self.patience = optimizer, mode, float(factor), patience
+        self.threshold = _check_number("ReduceLROnPlateau", "threshold", threshold)
+        self.min_lr = _check_number("ReduceLROnPlateau", "min_lr", min_lr)
+        self.best: float | None = None
+        self.bad_evaluations = 0
+
+    def improved(self, score: float) -> bool:
+        if self.best is None:
+            return True
+        if self.mode == "max":
+            return score > self.best + abs(self.best) * self.threshold
+        return score < self.best - abs(self.best) * self.threshold
+
+    def step(self, score: float) -> None:
+        """Report one evaluation's score; lowers the rate after ``patience`` bad ones."""
+        score = float(score)
+        if self.improved(score):
+            self.best, self.bad_evaluations = score, 0
+            return
+        self.bad_evaluations += 1
+        if self.bad_evaluations > self.patience:
+            self.optimizer.lr = max(self.optimizer.lr * self.factor, self.min_lr)
+            self.bad_evaluations = 0
+
+    def state_dict(self) -> dict:
+        return {"schedule": "ReduceLROnPlateau", "best": self.best, "bad_evaluations": self.bad_evaluations}
+
+    def load_state_dict(self, state: dict) -> None:
+        _check_schedule_state(self, state, ("best", "bad_evaluations"))
+        self.best = None if state["best"] is None else float(state["best"])
+        self.bad_evaluations = int(state["bad_evaluations"])
+
+
+def _check_schedule_state(schedule, state, keys: tuple[str, ...]) -> None:
+    name = type(schedule).__name__
+    if not isinstance(state, dict) or state.get("schedule") != name or any(key not in state for key in keys):
+        raise ValueError(f"{name}.load_state_dict: expected the dict {name}.state_dict() returns "
+                         f"(keys {['schedule', *keys]}), got {state!r:.120}")

@@ -126,10 +126,29 @@ def save(obj, path) -> None:
     Example:
         >>> ta.save({"model": model, "optimizer": opt.state_dict(), "step": 1200}, "ckpt.npz")
     """
+    with atomic_file(path, "ta.save") as file:
+        with zipfile.ZipFile(file, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+            writer = _Writer(archive)
+            header = {"format": FORMAT, "version": VERSION, "root": writer.encode(obj, "obj")}
+            text = json.dumps(header, allow_nan=True, separators=(",", ":"))
+            # Written last: an archive cut short by an error never carries the marker.
+            writer.write_array(_STRUCTURE, np.frombuffer(text.encode("utf-8"), dtype=np.uint8))
+
+
+@contextlib.contextmanager
+def atomic_file(path, where: str):
+    """A binary file to write that appears at ``path`` only once complete: it is written
+    beside ``path`` under a hidden temporary name, flushed and fsync'ed, then renamed over
+    ``path``; on any error it is removed and a file already at ``path`` stays as it was.
+
+    Example:
+        >>> with atomic_file("hyps.txt", "evaluate") as file:
+        ...     file.write("".join(line + "\\n" for line in lines).encode("utf-8"))
+    """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
-        raise FileNotFoundError(f"ta.save: the directory {directory!r} of {path!r} does not exist")
+        raise FileNotFoundError(f"{where}: the directory {directory!r} of {path!r} does not exist")
     temporary = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
     # O_EXCL: never reuse a file someone else made.  0o600 while it is written; the final
     # mode (an old file's, else what open() would give) is set just before the rename.
@@ -142,12 +161,7 @@ def save(obj, path) -> None:
             os.close(descriptor)
             raise
         with file:
-            with zipfile.ZipFile(file, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
-                writer = _Writer(archive)
-                header = {"format": FORMAT, "version": VERSION, "root": writer.encode(obj, "obj")}
-                text = json.dumps(header, allow_nan=True, separators=(",", ":"))
-                # Written last: an archive cut short by an error never carries the marker.
-                writer.write_array(_STRUCTURE, np.frombuffer(text.encode("utf-8"), dtype=np.uint8))
+            yield file
             file.flush()
             os.fsync(file.fileno())
         with contextlib.suppress(OSError):
@@ -158,6 +172,12 @@ def save(obj, path) -> None:
             os.unlink(temporary)
         raise
     _fsync_directory(directory)
+
+
+def write_text(path, text: str, where: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically, as ``atomic_file``."""
+    with atomic_file(path, where) as file:
+        file.write(text.encode("utf-8"))
 
 
 def _final_mode(path: str) -> int:

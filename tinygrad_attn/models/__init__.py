@@ -3,16 +3,11 @@ attention, and what trains, evaluates and saves it; ``BahdanauStep``, one of its
 steps written out (for the symbolic check and the pictures)."""
 
 from .bahdanau_step import BahdanauStep
+from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from .evaluation import decode, evaluate, translate, translate_tokens, validation_loss
 from .seq2seq import Seq2Seq
-from .training import (
-    Checkpoint,
-    evaluate,
-    load_checkpoint,
-    save_checkpoint,
-    train,
-    translate,
-    translate_tokens,
-)
+from .training import SCHEDULES, log_path, train
 
-__all__ = ["Seq2Seq", "BahdanauStep", "train", "evaluate", "translate", "translate_tokens", "save_checkpoint",
-           "load_checkpoint", "Checkpoint"]
+__all__ = ["Seq2Seq", "BahdanauStep", "train", "SCHEDULES", "log_path", "evaluate", "decode",
+           "validation_loss", "translate", "translate_tokens", "save_checkpoint", "load_checkpoint",
+           "Checkpoint"]

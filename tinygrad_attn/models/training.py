@@ -1,172 +1,366 @@
-"""Training and evaluation of a Seq2Seq on a ``ta.data`` task, and its checkpoints.
+"""Training a Seq2Seq: teacher forcing with Adam, validation, the best weights kept, early
+stopping, a learning-rate schedule, gradient clipping, a log, and runs that resume exactly.
 
     task = ta.data.load("dates")
     model = ta.models.Seq2Seq(task.src_vocab, task.tgt_vocab, hidden=128)
-    history = ta.models.train(model, task, steps=1500)
-    print(ta.models.evaluate(model, task.test, task.src_vocab, task.tgt_vocab))
-    ta.models.save_checkpoint("dates.ckpt", model, task)
-    model, vocabs = ta.models.load_checkpoint("dates.ckpt")
+    history = ta.models.train(model, task, steps=1500)                 # a quick run
+    history = ta.models.train(model, task, steps=20_000, checkpoint="run.ckpt", eval_every=500,
+                              patience=10, schedule="cosine", warmup=500)
+    # ... interrupted (Ctrl-C writes run.ckpt first); later, with the same task:
+    model, info = ta.models.load_checkpoint("run.ckpt")
+    history = ta.models.train(model, task, steps=20_000, checkpoint="run.ckpt", resume=True)
+
+A resumed run ends with the same weights, bit for bit, as a run that was never stopped (same
+seed and thread count): the checkpoint holds the last step's weights, Adam's moments, the
+schedule, the random generator (dropout) and the step, and the batch order is a function of
+the seed and the step alone.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import signal
+import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 
 from .. import data, nn, optim
-from ..random import manual_seed
-from ..serialize import SerializationError, load, save
+from .. import random as _random
+from ..serialize import write_text
+from .checkpoint import load_checkpoint, save_checkpoint
+from .evaluation import evaluate, validation_loss
 from .seq2seq import Seq2Seq
 
-__all__ = ["train", "evaluate", "translate", "translate_tokens", "save_checkpoint", "load_checkpoint",
-           "Checkpoint"]
+__all__ = ["train", "SCHEDULES", "log_path"]
 
-CHECKPOINT_KIND = "tinygrad_attn.seq2seq"
+SCHEDULES = ("constant", "cosine", "plateau")
+
+# What a resumed run takes from its checkpoint, not from the call: they decide the batches,
+# the updates and when the run evaluates.
+_RUN_SETTINGS = ("batch_size", "lr", "clip", "seed", "schedule", "warmup", "eval_every", "patience", "bucket")
+
+
+def log_path(checkpoint) -> Path:
+    """Where ``train`` writes the evaluations of a run checkpointed at ``checkpoint``: the
+    same name with the suffix ``.jsonl`` (``run.ckpt`` -> ``run.jsonl``)."""
+    path = Path(checkpoint)
+    return path.with_name(path.stem + ".jsonl") if path.suffix else path.with_name(path.name + ".jsonl")
 
 
 def train(model: Seq2Seq, task: data.Task, steps: int = 1000, batch_size: int = 64, lr: float = 3e-3,
           clip: float | None = 1.0, seed: int = 0, time_limit: float | None = None,
-          callback: Callable[[dict], None] | None = None, optimizer: optim.Optimizer | None = None):
-    """Teacher-forced training with Adam on random batches of ``task.train``.
+          callback: Callable[[dict], None] | None = None, optimizer: optim.Optimizer | None = None, *,
+          eval_every: int | None = None, patience: int | None = None, schedule: str = "constant",
+          warmup: int = 0, checkpoint=None, resume: bool = False, restore_best: bool = True,
+          eval_batch_size: int = 256, extras: dict | None = None, bucket: int = 1) -> list[dict]:
+    """Teacher-forced training with Adam on random batches of ``task.train``, validated on
+    ``task.valid``.
 
     Args:
         model: the Seq2Seq to train (in place).
         task: a ``ta.data.Task``; its vocabularies must match the model's sizes.
-        steps: optimizer steps.  batch_size: pairs per step.  lr: Adam's learning rate.
+        steps: the run's total optimizer steps (a resumed run continues up to it).
+        batch_size: pairs per step.  lr: Adam's (peak) learning rate.
         clip: clip the gradients' global norm to this (None: no clipping).
         seed: seeds the batch order, and dropout through the engine's generator
-            (``ta.manual_seed(seed)`` is called: a run is reproducible, and continuing with
-            ``optimizer=`` and the same seed replays the same batches).
-        time_limit: stop after this many seconds even if ``steps`` are not done.
+            (``ta.manual_seed(seed)`` is called, so a run is reproducible).
+        time_limit: stop after this many seconds of this call even if ``steps`` are not done
+            (like Ctrl-C, a stop that ``resume`` continues exactly; the steps since the last
+            evaluation are saved but not scored).
         callback: called after every step with the step's record (below), e.g. to drive a
             progress bar.
-        optimizer: continue with this optimizer (default: a new Adam).
+        optimizer: continue with this optimizer, at its own learning rate (default: a new
+            Adam at ``lr``).
+        eval_every: score the validation pairs every this many steps and at step ``steps``
+            (default: ten times a run when ``task.valid`` has pairs; 0: never).
+        patience: stop when this many evaluations in a row have not improved the best
+            validation exact match (ties: lower validation loss) (None: never stop early).
+        schedule: the learning rate: "constant"; "cosine" (``optim.WarmupCosine``: decays to
+            0 at ``steps``); "plateau" (``optim.ReduceLROnPlateau`` on the validation exact
+            match: halved after 2 evaluations without improvement).
+        warmup: steps of linear warm-up from 0 to ``lr`` ("constant" and "cosine").
+        checkpoint: a path: after every evaluation, at the end and on Ctrl-C, write a
+            checkpoint there holding the best weights (for ``evaluate``/``translate``) and the
+            state to resume from, and append each evaluation to ``log_path(checkpoint)`` as
+            one JSON line.
+        resume: continue the run saved at ``checkpoint``.  The run's own batch_size, lr,
+            clip, seed, schedule, warmup, eval_every, patience and bucket are read from it (the
+            arguments given for them here are ignored); ``steps`` and ``time_limit`` are this
+            call's.
+        restore_best: after a validated run, leave the best weights in ``model`` (else the
+            last step's).
+        eval_batch_size: sources decoded at once when validating.
+        extras: JSON-like values stored in every checkpoint written (``Checkpoint.extras``),
+            e.g. where the data came from.
+        bucket: batches whose pairs are sorted by length together, so a batch pads little
+            (``ta.data.sample_batches``; 1: random batches).
 
     Returns:
-        One record per step: {"step", "loss", "tokens" (target tokens in the batch),
-        "seconds" (since the start)}.
+        One record per step run in this call: {"step", "loss", "tokens" (target tokens in
+        the batch), "seconds" (since the run started, resumed runs included), "lr"}; a step
+        that evaluated adds "valid_loss", "valid_exact_match", "best_step" and
+        "best_exact_match".
+
+    Ctrl-C (SIGINT) ends training after the step in progress; with ``checkpoint`` the state
+    is saved first, then KeyboardInterrupt is raised.
     """
+    settings = _settings(task, steps, batch_size, lr, clip, seed, eval_every, patience, schedule, warmup,
+                         bucket)
     _check_vocab_sizes(model, task)
-    manual_seed(seed)
-    optimizer = optimizer or optim.Adam(model.parameters(), lr=lr)
-    batches = data.sample_batches(task.train, task.src_vocab, task.tgt_vocab, batch_size, seed=seed)
-    model.train()
-    history, start = [], time.perf_counter()
-    for step in range(1, steps + 1):
-        batch = next(batches)
-        optimizer.zero_grad()
-        loss = model.loss(batch.src, batch.tgt_in, batch.tgt_out)
-        loss.backward()
-        if clip is not None:
-            nn.utils.clip_grad_norm_(model.parameters(), clip)
-        optimizer.step()
-        record = {"step": step, "loss": float(loss.item()), "tokens": int(np.sum(batch.tgt_out != 0)),
-                  "seconds": time.perf_counter() - start}
-        history.append(record)
-        if callback is not None:
-            callback(record)
-        if time_limit is not None and record["seconds"] >= time_limit:
-            break
-    return history
+    run = _Run(model, task, settings, optimizer, checkpoint, extras or {})
+    if resume:
+        if checkpoint is None:
+            raise ValueError("train: resume=True needs the checkpoint to resume from")
+        run.restore(steps)
+    elif checkpoint is not None:
+        log_path(checkpoint).unlink(missing_ok=True)      # a new run: an old run's log goes
+    return run.loop(steps, time_limit, callback, restore_best, eval_batch_size)
 
 
-def evaluate(model: Seq2Seq, pairs: Sequence, src_vocab: data.Vocab, tgt_vocab: data.Vocab,
-             batch_size: int = 256, max_len: int | None = None, beam: int | None = None) -> dict:
-    """Decode every source of ``pairs`` (greedy, or beam search with ``beam``) and compare
-    with its target.
-
-    Returns:
-        {"exact_match": fraction of outputs equal to their target, "token_accuracy":
-        positions predicted right over max(len(target), len(output)) summed over pairs (an
-        output too short or too long counts its missing or extra positions wrong), "count":
-        number of pairs}.
-    """
-    if not pairs:
-        raise ValueError("evaluate: no pairs to evaluate")
-    exact = correct = total = 0
-    for begin in range(0, len(pairs), batch_size):
-        chunk = pairs[begin : begin + batch_size]
-        outputs = translate_tokens(model, [src for src, _ in chunk], src_vocab, tgt_vocab,
-                                   max_len=max_len or 2 + max(len(tgt) for _, tgt in chunk), beam=beam)
-        for (_, target), (output, _) in zip(chunk, outputs, strict=True):
-            exact += output == list(target)
-            correct += sum(a == b for a, b in zip(output, target, strict=False))
-            total += max(len(target), len(output))
-    return {"exact_match": exact / len(pairs), "token_accuracy": correct / max(total, 1),
-            "count": len(pairs)}
-
-
-def translate_tokens(model: Seq2Seq, sources: Sequence, src_vocab: data.Vocab, tgt_vocab: data.Vocab,
-                     max_len: int = 50, beam: int | None = None) -> list:
-    """Decode token lists: returns one (output tokens, attention (L, S) or None) per source,
-    the attention cut to the output's tokens (its ``<end>`` included) and the source's."""
-    src = data.encode_batch(sources, src_vocab)
-    if beam is None:
-        ids, weights = model.greedy(src, max_len=max_len)
-    else:
-        ids, weights = model.beam_search(src, beam=beam, max_len=max_len)
-    results = []
-    for row, source in enumerate(sources):
-        tokens = tgt_vocab.decode(ids[row])
-        produced = len(tokens) + (1 if data.END in ids[row] else 0)
-        attention = None if weights is None else weights[row, :produced, : len(source)]
-        results.append((tokens, attention))
-    return results
+def _settings(task, steps, batch_size, lr, clip, seed, eval_every, patience, schedule, warmup,
+              bucket) -> dict:
+    for name, value, low in (("steps", steps, 1), ("batch_size", batch_size, 1), ("seed", seed, 0),
+                             ("warmup", warmup, 0), ("bucket", bucket, 1)):
+        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
+            raise ValueError(f"train: {name} must be an int >= {low}, got {value!r}")
+    if not isinstance(lr, int | float) or not math.isfinite(lr) or lr <= 0:
+        raise ValueError(f"train: lr must be a finite number > 0, got {lr!r}")
+    if clip is not None and (not isinstance(clip, int | float) or not math.isfinite(clip) or clip <= 0):
+        raise ValueError(f"train: clip must be a finite number > 0 or None, got {clip!r}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"train: schedule must be one of {list(SCHEDULES)}, got {schedule!r}")
+    if schedule == "plateau" and warmup:
+        raise ValueError("train: warmup applies to the 'constant' and 'cosine' schedules, not 'plateau'")
+    if eval_every is None:
+        eval_every = max(1, steps // 10) if task.valid else 0
+    if isinstance(eval_every, bool) or not isinstance(eval_every, int | np.integer) or eval_every < 0:
+        raise ValueError(f"train: eval_every must be an int >= 0, got {eval_every!r}")
+    if eval_every and not task.valid:
+        raise ValueError(f"train: eval_every={eval_every} but task {task.name!r} has no validation pairs")
+    if (patience is not None or schedule == "plateau") and not eval_every:
+        raise ValueError("train: patience and the 'plateau' schedule need validation (eval_every > 0 "
+                         "and a task with validation pairs)")
+    if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
+        raise ValueError(f"train: patience must be an int >= 1 or None, got {patience!r}")
+    return {"batch_size": int(batch_size), "lr": float(lr), "clip": None if clip is None else float(clip),
+            "seed": int(seed), "schedule": schedule, "warmup": int(warmup), "eval_every": int(eval_every),
+            "patience": patience, "bucket": int(bucket)}
 
 
+class _Run:
+    """One training run's state: what a checkpoint must hold to continue it exactly."""
 
-def translate(model: Seq2Seq, text: str, task_like, max_len: int = 50, beam: int | None = None):
-    """Translate one string: returns (output text, source tokens, output tokens, attention
-    (output tokens + <end>, source tokens) or None).  ``task_like`` gives ``tokenize``,
-    ``detokenize`` and the vocabularies (a Task or a Checkpoint)."""
-    source = task_like.tokenize(text)
-    if not source:
-        raise ValueError("translate: the input has no tokens")
-    [(tokens, attention)] = translate_tokens(model, [source], task_like.src_vocab, task_like.tgt_vocab,
-                                             max_len=max_len, beam=beam)
-    return task_like.detokenize(tokens), source, tokens, attention
+    def __init__(self, model: Seq2Seq, task: data.Task, settings: dict, optimizer, checkpoint, extras: dict):
+        self.model, self.task, self.settings, self.extras = model, task, settings, extras
+        self.checkpoint = None if checkpoint is None else Path(checkpoint)
+        self.owns_optimizer = optimizer is None
+        self.optimizer = optimizer or optim.Adam(model.parameters(), lr=settings["lr"])
+        self.step = 0
+        self.seconds_before = 0.0           # training time of the run before this call
+        self.best = {"step": 0, "exact_match": None, "loss": None, "since": 0}
+        self.best_weights: dict | None = None
+        self.losses_since_eval: list[float] = []
+        self.schedule_state: dict | None = None      # a resumed run's, until the schedule exists
+        _random.manual_seed(settings["seed"])
+
+    # ------------------------------------------------------------ schedule
+
+    def make_schedule(self, steps: int):
+        s = self.settings
+        if self.owns_optimizer and self.schedule_state is None:
+            self.optimizer.lr = s["lr"]      # a resumed run keeps its optimizer's rate instead
+        if s["schedule"] == "plateau":
+            return optim.ReduceLROnPlateau(self.optimizer, mode="max", factor=0.5, patience=2)
+        if s["schedule"] == "cosine":
+            return optim.WarmupCosine(self.optimizer, s["warmup"], max(steps, s["warmup"], 1))
+        if s["warmup"]:
+            return optim.WarmupCosine(self.optimizer, s["warmup"], max(steps, s["warmup"]), final_ratio=1.0)
+        return None
+
+    # ------------------------------------------------------------ checkpoints
+
+    def state(self, schedule, seconds: float) -> dict:
+        return {"settings": self.settings, "step": self.step, "seconds": seconds,
+                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "schedule": None if schedule is None else schedule.state_dict(),
+                "random": _random.generator().bit_generator.state, "best": dict(self.best),
+                "losses_since_eval": list(self.losses_since_eval)}
+
+    def save(self, schedule, seconds: float) -> None:
+        if self.checkpoint is not None:
+            save_checkpoint(self.checkpoint, self.model, self.task, weights=self.best_weights,
+                            training=self.state(schedule, seconds), **{**self.extras, "step": self.step,
+                                                                         "best": dict(self.best)})
+
+    def restore(self, steps: int) -> None:
+        saved_model, info = load_checkpoint(self.checkpoint)
+        state = info.training
+        if state is None:
+            raise ValueError(f"train: {self.checkpoint} holds a model but no training state to resume "
+                             f"(it was not written by ta.models.train)")
+        if saved_model.config != self.model.config:
+            raise ValueError(f"train: the model differs from the one in {self.checkpoint}: "
+                             f"{self.model.config} against {saved_model.config}")
+        if (info.src_vocab, info.tgt_vocab) != (self.task.src_vocab, self.task.tgt_vocab):
+            raise ValueError(f"train: task {self.task.name!r} has other vocabularies than the run in "
+                             f"{self.checkpoint}: resume with the data it was trained on")
+        if state["step"] > steps:
+            raise ValueError(f"train: the run in {self.checkpoint} is at step {state['step']}, past "
+                             f"steps={steps} (steps is the run's total)")
+        try:
+            self._restore_state(state, saved_model)
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"train: the training state in {self.checkpoint} is damaged or from "
+                             f"another version ({type(err).__name__}: {err})") from None
+        _truncate_log(log_path(self.checkpoint), self.step)
+
+    def _restore_state(self, state: dict, saved_model: Seq2Seq) -> None:
+        self.settings = {key: state["settings"][key] for key in _RUN_SETTINGS}
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.seconds_before = int(state["step"]), float(state["seconds"])
+        self.best = dict(state["best"])
+        self.best_weights = saved_model.state_dict() if self.best["exact_match"] is not None else None
+        self.losses_since_eval = [float(x) for x in state["losses_since_eval"]]
+        self.schedule_state = state["schedule"]
+        _random.generator().bit_generator.state = state["random"]
+
+    # ------------------------------------------------------------ the loop
+
+    def loop(self, steps: int, time_limit, callback, restore_best: bool, eval_batch_size: int) -> list[dict]:
+        s = self.settings
+        schedule = self.make_schedule(steps)
+        if self.schedule_state is not None:
+            schedule.load_state_dict(self.schedule_state)
+            if isinstance(schedule, optim.WarmupCosine):
+                schedule.total = max(steps, schedule.warmup, 1)       # steps is this call's total
+                self.optimizer.lr = schedule.rate(schedule.last_step)
+        batches = data.sample_batches(self.task.train, self.task.src_vocab, self.task.tgt_vocab,
+                                      s["batch_size"], seed=s["seed"], start=self.step, bucket=s["bucket"])
+        parameters = list(self.model.parameters())
+        self.model.train()
+        history, start = [], time.perf_counter()
+
+        def seconds() -> float:
+            return self.seconds_before + time.perf_counter() - start
+
+        patience = s["patience"]
+        stopped_early = patience is not None and self.best["since"] >= patience     # a resumed run
+        with _interrupt_flag() as interrupted:
+            while self.step < steps and not stopped_early:
+                batch = next(batches)
+                lr = self.optimizer.lr
+                self.optimizer.zero_grad()
+                loss = self.model.loss(batch.src, batch.tgt_in, batch.tgt_out)
+                loss.backward()
+                if s["clip"] is not None:
+                    nn.utils.clip_grad_norm_(parameters, s["clip"])
+                self.optimizer.step()
+                self.step += 1
+                if isinstance(schedule, optim.WarmupCosine):
+                    schedule.step()
+                record = {"step": self.step, "loss": float(loss.item()),
+                          "tokens": int(np.sum(batch.tgt_out != data.PAD)), "seconds": seconds(), "lr": lr}
+                self.losses_since_eval.append(record["loss"])
+                stop = False
+                if s["eval_every"] and (self.step % s["eval_every"] == 0 or self.step == steps):
+                    stop = self.evaluate(record, schedule, eval_batch_size)
+                    self.save(schedule, seconds())
+                history.append(record)
+                if callback is not None:
+                    callback(record)
+                if interrupted.is_set():
+                    self.save(schedule, seconds())
+                    where = f"; resumable from {self.checkpoint}" if self.checkpoint else ""
+                    raise KeyboardInterrupt(f"train: interrupted at step {self.step}{where}")
+                if stop or (time_limit is not None and time.perf_counter() - start >= time_limit):
+                    break
+            self.save(schedule, seconds())
+        if restore_best and self.best_weights is not None:
+            self.model.load_state_dict(self.best_weights)
+        return history
+
+    def evaluate(self, record: dict, schedule, batch_size: int) -> bool:
+        """Score the validation pairs, keep the best weights, log; True: stop early."""
+        task, model = self.task, self.model
+        valid_loss = validation_loss(model, task.valid, task.src_vocab, task.tgt_vocab, batch_size)
+        scores = evaluate(model, task.valid, task.src_vocab, task.tgt_vocab, batch_size=batch_size)
+        exact = scores["exact_match"]
+        model.train()
+        best = self.best
+        better = best["exact_match"] is None or (exact, -valid_loss) > (best["exact_match"], -best["loss"])
+        if better:
+            best.update(step=self.step, exact_match=exact, loss=valid_loss, since=0)
+            self.best_weights = model.state_dict()
+        else:
+            best["since"] += 1
+        if isinstance(schedule, optim.ReduceLROnPlateau):
+            schedule.step(exact)
+        record.update(valid_loss=valid_loss, valid_exact_match=exact, best_step=best["step"],
+                      best_exact_match=best["exact_match"])
+        if self.checkpoint is not None:
+            train_loss = float(np.mean(self.losses_since_eval))
+            line = {"step": self.step, "seconds": round(record["seconds"], 3), "lr": record["lr"],
+                    "train_loss": train_loss, "valid_loss": valid_loss, "valid_exact_match": exact,
+                    "best_step": best["step"], "best_exact_match": best["exact_match"]}
+            with open(log_path(self.checkpoint), "a", encoding="utf-8") as log:
+                log.write(json.dumps(line) + "\n")
+        self.losses_since_eval = []
+        patience = self.settings["patience"]
+        return patience is not None and best["since"] >= patience
 
 
-class Checkpoint:
-    """What ``load_checkpoint`` returns besides the model: the task's name, vocabularies,
-    tokenisation level and the saved extras (step, metrics)."""
-
-    def __init__(self, task: str, src_vocab: data.Vocab, tgt_vocab: data.Vocab, level: str,
-                 extras: dict):
-        self.name, self.src_vocab, self.tgt_vocab, self.level = task, src_vocab, tgt_vocab, level
-        self.extras = extras
-        # Tokenisation is the task's: borrow it through a Task with no pairs.
-        self._task = data.Task(task, [], [], src_vocab, tgt_vocab, level)
-
-    def tokenize(self, text: str) -> list[str]:
-        return self._task.tokenize(text)
-
-    def detokenize(self, tokens) -> str:
-        return self._task.detokenize(tokens)
-
-
-def save_checkpoint(path, model: Seq2Seq, task: data.Task, **extras) -> None:
-    """Write the model's config and weights and the task's vocabularies to ``path``
-    (atomically, with ``ta.save``); ``extras`` (step, metrics) must be JSON-like."""
-    save({"kind": CHECKPOINT_KIND, "config": model.config, "model": model.state_dict(),
-          "task": task.name, "level": task.level, "src_vocab": task.src_vocab.to_dict(),
-          "tgt_vocab": task.tgt_vocab.to_dict(), "extras": extras}, path)
+def _truncate_log(path: Path, step: int) -> None:
+    """Drop the log lines of evaluations after ``step``: a run stopped between writing its log
+    and its checkpoint would otherwise log those evaluations twice when resumed.  A last line
+    cut short (the process killed while writing it) is dropped too."""
+    if not path.exists():
+        return
+    lines = path.read_text(encoding="utf-8").splitlines()
+    kept = []
+    for number, line in enumerate(lines, start=1):
+        try:
+            evaluation = json.loads(line)
+            evaluated = int(evaluation["step"])
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            if number == len(lines):
+                break
+            raise ValueError(f"train: {path}:{number} is not an evaluation's JSON line; move the log "
+                             f"away to resume") from None
+        if evaluated <= step:
+            kept.append(line)
+    if len(kept) != len(lines):
+        write_text(path, "".join(line + "\n" for line in kept), "train")
 
 
-def load_checkpoint(path) -> tuple[Seq2Seq, Checkpoint]:
-    """Rebuild the model saved by ``save_checkpoint``; returns (model in eval mode, Checkpoint)."""
-    state = load(path)
-    if not isinstance(state, dict) or state.get("kind") != CHECKPOINT_KIND:
-        raise SerializationError(f"load_checkpoint: {path} is a tinygrad_attn file but not a seq2seq "
-                                 f"checkpoint (written by ta.models.save_checkpoint)")
-    model = Seq2Seq(**state["config"])
-    model.load_state_dict(state["model"])
-    model.eval()
-    info = Checkpoint(state["task"], data.Vocab.from_dict(state["src_vocab"]),
-                      data.Vocab.from_dict(state["tgt_vocab"]), state["level"], state["extras"])
-    return model, info
+@contextmanager
+def _interrupt_flag():
+    """Turn Ctrl-C into a flag the loop reads between steps, so an interrupt never leaves a
+    half-updated model or optimizer.  Only the main thread can take signals; elsewhere the
+    flag is never set."""
+    flag = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum, frame):
+        if flag.is_set():              # a second Ctrl-C: the user does not want to wait
+            raise KeyboardInterrupt
+        flag.set()
+        print("\ninterrupted: finishing the step and saving (Ctrl-C again to quit at once)",
+              file=sys.stderr)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _check_vocab_sizes(model: Seq2Seq, task: data.Task) -> None:

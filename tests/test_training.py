@@ -1,0 +1,276 @@
+"""ta.models.train: validation, best weights, early stopping, schedules, the log, and resuming
+a run bit for bit."""
+
+import json
+import math
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+
+import tinygrad_attn as ta
+from tests.optional_torch import needs_torch, torch
+from tinygrad_attn.models import training
+from tinygrad_attn.optim import ReduceLROnPlateau, WarmupCosine
+
+
+def small_task():
+    """Reverse at length 4 with a validation split carved out of its training pairs."""
+    task = ta.data.load("reverse", length=4, n_train=200, n_test=20, symbols=6, seed=3)
+    return ta.data.Task("reverse", task.train[:160], task.test, task.src_vocab, task.tgt_vocab, "char",
+                        valid=task.train[160:])
+
+
+def small_model(task, dropout=0.1):
+    ta.manual_seed(0)
+    return ta.models.Seq2Seq(task.src_vocab, task.tgt_vocab, embed=8, hidden=12, dropout=dropout)
+
+
+RUN = dict(steps=12, batch_size=8, lr=1e-2, eval_every=4, schedule="cosine", warmup=3)
+
+
+def weights(model):
+    return {name: value.copy() for name, value in model.state_dict().items()}
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+# ---------------------------------------------------------------- resume
+
+
+def test_train_resumed_after_ctrl_c_ends_bitwise_equal_to_uninterrupted(tmp_path):
+    task = small_task()
+    straight = small_model(task)
+    history = ta.models.train(straight, task, **RUN, checkpoint=tmp_path / "a.ckpt")
+    assert [r["step"] for r in history] == list(range(1, 13))
+
+    def ctrl_c_at_step_6(record):
+        if record["step"] == 6:
+            os.kill(os.getpid(), signal.SIGINT)        # what Ctrl-C sends
+
+    interrupted = small_model(task)
+    with pytest.raises(KeyboardInterrupt, match="step 6"):
+        ta.models.train(interrupted, task, **RUN, checkpoint=tmp_path / "b.ckpt", callback=ctrl_c_at_step_6)
+    model, info = ta.models.load_checkpoint(tmp_path / "b.ckpt")
+    assert info.training["step"] == 6
+    resumed_history = ta.models.train(model, task, steps=12, checkpoint=tmp_path / "b.ckpt", resume=True)
+    assert [r["step"] for r in resumed_history] == list(range(7, 13))
+    assert [r["loss"] for r in resumed_history] == [r["loss"] for r in history[6:]]
+    assert [r["lr"] for r in resumed_history] == [r["lr"] for r in history[6:]]
+    assert_same_weights(weights(model), weights(straight))           # the best weights, restored
+    last_a = ta.models.load_checkpoint(tmp_path / "a.ckpt")[1].training
+    last_b = ta.models.load_checkpoint(tmp_path / "b.ckpt")[1].training
+    assert_same_weights(last_a["model"], last_b["model"])             # the last step's weights
+    for a, b in zip(last_a["optimizer"]["state"], last_b["optimizer"]["state"], strict=True):
+        assert_same_weights(a, b)
+
+    def evaluations(name):
+        lines = [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
+        return [{k: v for k, v in line.items() if k != "seconds"} for line in lines]
+
+    assert evaluations("a.jsonl") == evaluations("b.jsonl")
+    assert [line["step"] for line in evaluations("a.jsonl")] == [4, 8, 12]
+
+
+def test_train_resume_needs_the_same_model_and_a_training_state(tmp_path):
+    task = small_task()
+    ta.models.train(small_model(task), task, steps=2, batch_size=8, eval_every=0,
+                    checkpoint=tmp_path / "c.ckpt")
+    other = ta.models.Seq2Seq(task.src_vocab, task.tgt_vocab, embed=8, hidden=16)
+    with pytest.raises(ValueError, match="the model differs"):
+        ta.models.train(other, task, steps=4, checkpoint=tmp_path / "c.ckpt", resume=True)
+    with pytest.raises(ValueError, match="past steps=1"):
+        ta.models.train(small_model(task), task, steps=1, checkpoint=tmp_path / "c.ckpt", resume=True)
+    model = small_model(task)
+    ta.models.save_checkpoint(tmp_path / "plain.ckpt", model, task)
+    with pytest.raises(ValueError, match="no training state"):
+        ta.models.train(model, task, steps=4, checkpoint=tmp_path / "plain.ckpt", resume=True)
+    with pytest.raises(ValueError, match="needs the checkpoint"):
+        ta.models.train(model, task, steps=4, resume=True)
+
+
+def test_train_log_drops_evaluations_past_the_resumed_step(tmp_path):
+    log = tmp_path / "run.jsonl"
+    log.write_text("".join(json.dumps({"step": step}) + "\n" for step in (4, 8, 12)))
+    training._truncate_log(log, 8)
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [4, 8]
+
+
+# ---------------------------------------------------------------- validation, best weights, early stopping
+
+
+def scripted_validation(monkeypatch, exact_matches):
+    """Make the validation scores a given sequence (losses constant), to test the bookkeeping."""
+    scores = iter(exact_matches)
+    monkeypatch.setattr(training, "validation_loss", lambda *args, **kwargs: 1.0)
+    monkeypatch.setattr(training, "evaluate", lambda *args, **kwargs: {"exact_match": next(scores)})
+
+
+def test_train_keeps_and_restores_the_best_weights(monkeypatch, tmp_path):
+    scripted_validation(monkeypatch, [0.5, 0.9, 0.2])
+    task = small_task()
+    model = small_model(task)
+    seen = {}
+    history = ta.models.train(model, task, steps=6, batch_size=8, eval_every=2,
+                              checkpoint=tmp_path / "r.ckpt",
+                              callback=lambda record: seen.update({record["step"]: weights(model)}))
+    assert history[3]["valid_exact_match"] == 0.9 and history[3]["best_step"] == 4
+    assert history[5]["best_exact_match"] == 0.9
+    assert_same_weights(weights(model), seen[4])
+    saved, info = ta.models.load_checkpoint(tmp_path / "r.ckpt")
+    assert_same_weights(weights(saved), seen[4])                       # the file's model is the best one
+    assert_same_weights(info.training["model"], seen[6])               # and it resumes from the last
+    assert info.extras["best"]["step"] == 4
+
+
+def test_train_stops_early_after_patience_evaluations(monkeypatch):
+    scripted_validation(monkeypatch, [0.5, 0.5, 0.4, 0.9])
+    task = small_task()
+    history = ta.models.train(small_model(task), task, steps=20, batch_size=8, eval_every=2, patience=2)
+    assert history[-1]["step"] == 6                # evaluations at 2 (best), 4 and 6 (no better)
+
+
+def test_train_plateau_schedule_halves_the_rate(monkeypatch):
+    scripted_validation(monkeypatch, [0.5, 0.5, 0.5, 0.5, 0.5])
+    task = small_task()
+    history = ta.models.train(small_model(task), task, steps=10, batch_size=8, lr=4e-3, eval_every=2,
+                              schedule="plateau")
+    # three evaluations without improvement (patience 2) lower the rate after step 8
+    assert [r["lr"] for r in history] == [4e-3] * 8 + [2e-3] * 2
+
+
+def test_train_validates_by_default_when_the_task_has_validation_pairs():
+    task = small_task()
+    history = ta.models.train(small_model(task), task, steps=10, batch_size=8)
+    evaluated = [r["step"] for r in history if "valid_exact_match" in r]
+    assert evaluated == list(range(1, 11))          # steps // 10 = 1
+    assert all(0 <= r["valid_exact_match"] <= 1 and r["valid_loss"] > 0 for r in history)
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"eval_every": 2, "task": "no-valid"}, "no validation pairs"),
+    ({"patience": 2, "eval_every": 0}, "need validation"),
+    ({"schedule": "plateau", "warmup": 2}, "warmup applies"),
+    ({"schedule": "linear"}, "schedule must be one of"),
+    ({"lr": math.inf}, "lr must be a finite number"),
+    ({"clip": -1.0}, "clip must be"),
+    ({"steps": 0}, "steps must be an int"),
+])
+def test_train_rejects_bad_settings(options, message):
+    task = small_task()
+    if options.pop("task", None) == "no-valid":
+        task = ta.data.load("reverse", length=4, n_train=50, n_test=5)
+    with pytest.raises(ValueError, match=message):
+        ta.models.train(small_model(task), task, **{"steps": 4, **options})
+
+
+def test_train_runs_in_a_thread_without_signal_handling():
+    task = small_task()
+    results = []
+    thread = threading.Thread(target=lambda: results.append(
+        ta.models.train(small_model(task, dropout=0.0), task, steps=3, batch_size=8, eval_every=0)))
+    thread.start()
+    thread.join()
+    assert [r["step"] for r in results[0]] == [1, 2, 3]
+
+
+# ---------------------------------------------------------------- schedules
+
+
+def test_warmup_cosine_rates_by_hand():
+    model = ta.nn.Linear(2, 2)
+    opt = ta.optim.Adam(model.parameters(), lr=1.0)
+    schedule = WarmupCosine(opt, warmup=4, total=12)
+    rates = [opt.lr]
+    for _ in range(13):
+        schedule.step()
+        rates.append(opt.lr)
+    # warm-up: (step + 1) / 4 for steps 0-3; then (1 + cos(pi * (step - 4) / 8)) / 2 up to step 12
+    warm = [0.25, 0.5, 0.75, 1.0]
+    decay = [(1 + math.cos(math.pi * (step - 4) / 8)) / 2 for step in range(4, 13)]
+    expected = warm + decay + [0.0]
+    assert decay[0] == 1.0 and decay[-1] == pytest.approx(0.0)
+    assert rates == pytest.approx(expected)
+
+
+@needs_torch
+def test_reduce_on_plateau_matches_torch():
+    scores = [0.1, 0.2, 0.2, 0.2, 0.2, 0.3, 0.3, 0.3, 0.3, 0.3, 0.1, 0.35]
+    model = ta.nn.Linear(2, 2)
+    opt = ta.optim.Adam(model.parameters(), lr=1.0)
+    ours = ReduceLROnPlateau(opt, mode="max", factor=0.5, patience=2)
+    reference = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    theirs = torch.optim.lr_scheduler.ReduceLROnPlateau(reference, mode="max", factor=0.5, patience=2)
+    for score in scores:
+        ours.step(score)
+        theirs.step(score)
+        assert opt.lr == pytest.approx(reference.param_groups[0]["lr"])
+
+
+def test_schedule_state_round_trips():
+    model = ta.nn.Linear(2, 2)
+    opt = ta.optim.Adam(model.parameters(), lr=1.0)
+    schedule = WarmupCosine(opt, warmup=2, total=10)
+    for _ in range(5):
+        schedule.step()
+    again = WarmupCosine(ta.optim.Adam(model.parameters(), lr=1.0), warmup=0, total=1)
+    again.load_state_dict(schedule.state_dict())
+    assert again.optimizer.lr == opt.lr and again.last_step == 5
+    with pytest.raises(ValueError, match="expected the dict"):
+        again.load_state_dict({"schedule": "ReduceLROnPlateau"})
+
+
+# ---------------------------------------------------------------- found in review
+
+
+def test_train_keeps_a_given_optimizers_learning_rate():
+    task = small_task()
+    model = small_model(task)
+    optimizer = ta.optim.Adam(model.parameters(), lr=5e-3)
+    history = ta.models.train(model, task, steps=2, batch_size=8, eval_every=0, optimizer=optimizer)
+    assert [r["lr"] for r in history] == [5e-3, 5e-3]
+
+
+def test_train_stopped_by_the_time_limit_resumes_exactly_with_a_plateau_schedule(tmp_path):
+    task = small_task()
+    run = dict(steps=20, batch_size=8, eval_every=4, schedule="plateau", lr=2e-2)
+    straight = small_model(task)
+    ta.models.train(straight, task, **run, checkpoint=tmp_path / "a.ckpt")
+    stopped = small_model(task)
+    history = ta.models.train(stopped, task, **run, checkpoint=tmp_path / "b.ckpt", time_limit=1e-9)
+    assert len(history) == 1
+    model, _ = ta.models.load_checkpoint(tmp_path / "b.ckpt")
+    ta.models.train(model, task, steps=20, checkpoint=tmp_path / "b.ckpt", resume=True)
+    assert_same_weights(weights(model), weights(straight))
+    lines = [(tmp_path / name).read_text().count("\n") for name in ("a.jsonl", "b.jsonl")]
+    assert lines == [5, 5]
+
+
+def test_train_resumed_after_stopping_early_trains_no_further(monkeypatch, tmp_path):
+    scripted_validation(monkeypatch, [0.5, 0.4, 0.4])
+    task = small_task()
+    ta.models.train(small_model(task), task, steps=20, batch_size=8, eval_every=2, patience=2,
+                    checkpoint=tmp_path / "e.ckpt")
+    model, info = ta.models.load_checkpoint(tmp_path / "e.ckpt")
+    assert info.training["step"] == 6
+    assert ta.models.train(model, task, steps=20, checkpoint=tmp_path / "e.ckpt", resume=True) == []
+
+
+def test_train_log_drops_a_last_line_cut_short_and_a_new_run_starts_a_new_log(tmp_path):
+    log = tmp_path / "run.jsonl"
+    log.write_text('{"step": 4}\n{"step": 8, "valid_lo')
+    training._truncate_log(log, 8)
+    assert log.read_text() == '{"step": 4}\n'
+    log.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    with pytest.raises(ValueError, match="run.jsonl:2 is not an evaluation"):
+        training._truncate_log(log, 8)
+    task = small_task()
+    ta.models.train(small_model(task), task, steps=2, batch_size=8, eval_every=2,
+                    checkpoint=tmp_path / "run.ckpt")
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [2]
