@@ -46,11 +46,11 @@ def attention_rows(text: str) -> tuple[list[str], list[tuple[str, list[float]]]]
 def test_cli_help_lists_every_command(capsys):
     assert cli.main(["--help"]) == 0
     out = capsys.readouterr().out
-    for command in ("demo", "train", "translate", "verify", "bench"):
+    for command in ("demo", "train", "evaluate", "translate", "verify", "bench"):
         assert command in out
 
 
-@pytest.mark.parametrize("command", ["demo", "train", "translate", "verify", "bench"])
+@pytest.mark.parametrize("command", ["demo", "train", "evaluate", "translate", "verify", "bench"])
 def test_cli_command_help_exits_zero(command, capsys):
     assert cli.main([command, "--help"]) == 0
     assert f"usage: tinygrad-attn {command}" in capsys.readouterr().out
@@ -88,20 +88,31 @@ def test_cli_train_saves_checkpoint_with_step_and_metrics(copy_checkpoint):
     assert info.name == "copy"
     assert model.config["hidden"] == 16 and model.config["attention"] == "additive"
     assert info.extras["step"] == 30
-    assert set(info.extras["metrics"]) == {"exact_match", "token_accuracy", "count"}
-    assert info.extras["metrics"]["count"] == 500
+    assert set(info.extras["metrics"]) == {"n", "exact_match", "token_error_rate", "bleu", "chrf"}
+    assert info.extras["metrics"]["n"] == 500
+    assert info.extras["source"] == {"task": "copy", "options": {"length": 4}}
 
 
-def test_cli_train_progress_bar_and_default_path(tmp_path, monkeypatch, capsys):
+def test_cli_train_progress_lines_without_a_terminal_and_default_path(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    argv = ["train", "--task", "reverse", "--length", "3", "--steps", "3", "--hidden", "8", "--embed", "4",
+    argv = ["train", "--task", "reverse", "--length", "3", "--steps", "20", "--hidden", "8", "--embed", "4",
             "--cell", "lstm", "--attention", "dot", "--style", "luong"]
     assert cli.main(argv) == 0
     captured = capsys.readouterr()
     assert (tmp_path / "checkpoints" / "reverse-lstm-dot.ckpt").is_file()
-    assert "tok/s" in captured.err and "loss" in captured.err          # tqdm's postfix
-    assert re.search(r"exact match \d+\.\d%, token accuracy \d+\.\d%", captured.out)
+    progress = re.findall(r"^step (\d+)/20: loss [\d.]+, [\d,]+ tok/s", captured.out, re.M)
+    assert progress == [str(step) for step in range(2, 21, 2)]          # a line every tenth
+    assert "\r" not in captured.out + captured.err                        # no bar redrawn in a log
+    assert re.search(r"exact match \d+\.\d%, token error rate \d+\.\d\d%, BLEU", captured.out)
     assert "checkpoints/reverse-lstm-dot.ckpt" in captured.out
+
+
+def test_cli_train_shows_a_bar_on_a_terminal(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True)
+    argv = ["train", *TINY[:4], "--steps", "3", "--hidden", "8", "--embed", "4", "--out", str(tmp_path / "c")]
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert "tok/s" in err and "loss" in err and "training on copy" in err          # tqdm's postfix
 
 
 def test_cli_translate_prints_output_and_attention_matrix(copy_checkpoint, capsys):
@@ -195,7 +206,7 @@ def test_cli_verify_passes_and_prints_both_reports(capsys):
 def test_cli_verify_fails_when_a_check_fails(monkeypatch, capsys):
     broken = Report("symbolic", "bahdanau_step_logit", error="ValueError: broken on purpose")
     monkeypatch.setattr(ta.check, "ops", lambda: OpsReport([]))
-    monkeypatch.setattr(cli, "bahdanau_step_check", lambda: broken)
+    monkeypatch.setattr(cli.verify, "bahdanau_step_check", lambda: broken)
     assert cli.main(["verify"]) == 1
     assert "verify: FAILED" in capsys.readouterr().out
 

@@ -1,0 +1,191 @@
+"""What every command shares: exit codes, the one-line usage error, argument types, the
+model and thread options, checkpoints and sources read from the user."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+import tinygrad_attn as ta
+
+from ..serialize import SerializationError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad input from the user: reported as one line on stderr, exit status 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (no usage block) and which never exits the
+    interpreter itself: ``main`` turns its exits into return codes."""
+
+    def error(self, message: str):
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# ---------------------------------------------------------------- argument types
+
+
+def _number(convert, accept, wanted: str):
+    """An argparse type: ``convert`` the text, then require ``accept(value)``."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {value}")
+        return value
+
+    return parse
+
+
+positive_int = _number(int, lambda v: v >= 1, "a positive integer")
+non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
+positive_float = _number(float, lambda v: v > 0, "a positive number")
+probability = _number(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
+
+
+TRAIN_MODEL = dict(cell="gru", attention="additive", style="bahdanau", embed=64, hidden=128, layers=1)
+
+
+def add_model_options(parser: argparse.ArgumentParser, defaults: dict, when: str = "",
+                       unset: bool = False) -> None:
+    """The Seq2Seq options of ``train`` and ``graph``; ``unset`` leaves them None (``graph``
+    fills ``defaults`` in only when it builds its own model)."""
+    def default(name):
+        return None if unset else defaults[name]
+
+    parser.add_argument("--cell", choices=("rnn", "gru", "lstm"), default=default("cell"),
+                        help=f"{when}default {defaults['cell']}")
+    parser.add_argument("--attention", choices=("dot", "general", "concat", "additive", "none"),
+                        default=default("attention"),
+                        help=f"{when}default {defaults['attention']} (Bahdanau's score)")
+    parser.add_argument("--style", choices=("bahdanau", "luong"), default=default("style"),
+                        help=f"{when}default {defaults['style']}")
+    parser.add_argument("--embed", type=positive_int, default=default("embed"),
+                        help=f"{when}embedding size (default {defaults['embed']})")
+    parser.add_argument("--hidden", type=positive_int, default=default("hidden"),
+                        help=f"{when}state size (default {defaults['hidden']})")
+    parser.add_argument("--layers", type=positive_int, default=default("layers"),
+                        help=f"{when}stacked layers (default {defaults['layers']})")
+    parser.add_argument("--bidirectional", action="store_true", default=None if unset else False,
+                        help=f"{when}a bidirectional encoder")
+
+
+def add_threads(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--threads", type=positive_int, default=1, metavar="N",
+                        help="threads for BLAS and Numba (default 1: a small model's products gain "
+                             "nothing from more, and waiting threads collapse on a busy machine)")
+
+
+def set_threads(n: int) -> str:
+    """Apply ``--threads``; returns what to print about it."""
+    ta.set_num_threads(n)
+    return f"threads: {n} for BLAS and Numba"
+
+
+
+@contextmanager
+def threads_restored(args):
+    """``main`` also runs in-process (tests, notebooks): give back the caller's thread count."""
+    if getattr(args, "threads", None) is None:
+        yield
+        return
+    before = ta.get_num_threads()
+    try:
+        yield
+    finally:
+        if ta.get_num_threads() != before:
+            ta.set_num_threads(before)
+
+
+def writable(path: Path, flag: str = "--out") -> Path:
+    """Check an output file can be written before the work, not after it."""
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a directory; give a file name")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"cannot create the directory of {flag} {path}: {err}") from None
+    if not os.access(path.parent, os.W_OK):
+        raise UsageError(f"cannot write to {path.parent} (for {flag} {path})")
+    return path
+
+
+# ---------------------------------------------------------------- checkpoints, sources, attention
+
+
+def visible(token: str) -> str:
+    """A column label that shows up: a space becomes an open box (or _ where that can't print)."""
+    if token != " ":
+        return token
+    encoding = getattr(sys.stdout, "encoding", None) or "ascii"
+    try:
+        "\u2423".encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        return "_"
+    return "\u2423"
+
+
+def format_attention(weights: np.ndarray, src_tokens, out_tokens) -> str:
+    """The attention matrix as aligned text: one row per output token (``<end>`` after the
+    tokens when the decoder produced it), one column per source token, weights to 2 decimals.
+
+    Example:
+        >>> print(format_attention(attention, list("3 may"), list("05-03")))
+                 3    ␣    m    a    y
+        0     0.01 0.02 0.85 0.10 0.02
+        ...
+    """
+    weights = np.asarray(weights, dtype=np.float64)
+    rows = [visible(t) for t in row_labels(out_tokens, weights)]
+    columns = [visible(t) for t in src_tokens]
+    width = max([4] + [len(c) for c in columns])          # "0.00" is 4 wide
+    label = max([0] + [len(r) for r in rows])
+    lines = [" " * label + "".join(f" {c:>{width}}" for c in columns)]
+    for name, row in zip(rows, weights, strict=True):
+        lines.append(f"{name:<{label}}" + "".join(f" {w:>{width}.2f}" for w in row))
+    return "\n".join(lines)
+
+
+def load_checkpoint(path: str):
+    if not Path(path).is_file():
+        what = "is a directory" if Path(path).is_dir() else "does not exist"
+        raise UsageError(f"the checkpoint {path} {what}")
+    try:
+        return ta.models.load_checkpoint(path)
+    except SerializationError as err:
+        raise UsageError(str(err)) from None
+    except OSError as err:
+        raise UsageError(f"cannot read the checkpoint {path}: {err.strerror or err}") from None
+    except (KeyError, TypeError, ValueError) as err:
+        raise UsageError(f"{path} is not a readable seq2seq checkpoint "
+                         f"({type(err).__name__}: {err})") from None
+
+
+def check_source(text: str, info) -> None:
+    """Fail with the tokens the source vocabulary lacks (they would become <unk>)."""
+    tokens = info.tokenize(text)
+    if not tokens:
+        raise UsageError(f"{text!r} has nothing to translate")
+    missing = list(dict.fromkeys(t for t in tokens if t not in info.src_vocab))
+    if not missing:
+        return
+    kind = "characters" if info.level == "char" else "words"
+    known = [t for t in info.src_vocab.tokens if not t.startswith("<")]
+    shown = "".join(known) if info.level == "char" else f"{len(known)} words"
+    raise UsageError(f"{text!r} has {kind} the {info.name} model's source vocabulary lacks: "
+                     f"{', '.join(repr(t) for t in missing)} (it knows: {shown})")
+
+
+def row_labels(tokens, attention) -> list[str]:
+    """The output tokens, and ``<end>`` when the attention has a row for it."""
+    return list(tokens) + ["<end>"] * (attention.shape[0] - len(tokens))

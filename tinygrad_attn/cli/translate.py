@@ -1,0 +1,114 @@
+"""``tinygrad-attn translate``: translate text with a checkpoint and show the attention, or
+translate standard input line by line, in batches."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import tinygrad_attn as ta
+
+from .common import (
+    EXIT_OK,
+    UsageError,
+    add_threads,
+    check_source,
+    format_attention,
+    load_checkpoint,
+    positive_int,
+    row_labels,
+    set_threads,
+)
+
+
+def add_parser(commands) -> None:
+    translate = commands.add_parser(
+        "translate", help="translate text (or standard input, '-') with a checkpoint",
+        description="Decode each TEXT with the model in CHECKPOINT and print the output and its "
+                    "attention matrix: one row per output token (<end> included), one column per "
+                    "source token. With '-' instead of TEXT, read standard input and write one "
+                    "output line per input line (an empty line gives an empty line), decoding "
+                    "in batches.")
+    translate.add_argument("checkpoint", metavar="CHECKPOINT", help="a file written by 'tinygrad-attn train'")
+    translate.add_argument("texts", metavar="TEXT", nargs="+", help="what to translate (quote it), or -")
+    translate.add_argument("--beam", type=positive_int, default=None, metavar="K",
+                           help="beam search with K hypotheses (default: greedy)")
+    translate.add_argument("--heatmap", default=None, metavar="PATH",
+                           help="also draw the attention to PATH (needs ta.viz.heatmap); with "
+                                "several texts, PATH-1, PATH-2, ...")
+    translate.add_argument("--batch-size", type=positive_int, default=256,
+                           help="with '-': lines decoded at once (default 256)")
+    add_threads(translate)
+    translate.set_defaults(run=run)
+
+
+def run(args) -> int:
+    model, info = load_checkpoint(args.checkpoint)
+    set_threads(args.threads)
+    if args.texts == ["-"]:
+        return _translate_stream(model, info, args)
+    if "-" in args.texts:
+        raise UsageError("'-' (read standard input) cannot be mixed with TEXT arguments")
+    if args.heatmap is not None and model.attention_kind is None:
+        raise UsageError(f"{args.checkpoint} is a model without attention: there is no heatmap to draw")
+    for text in args.texts:
+        check_source(text, info)
+    sources = [info.tokenize(text) for text in args.texts]
+    outputs = ta.models.translate_tokens(model, sources, info.src_vocab, info.tgt_vocab, beam=args.beam,
+                                         batch_size=args.batch_size)
+    rows = zip(args.texts, sources, outputs, strict=True)
+    for index, (text, source, (tokens, attention)) in enumerate(rows, start=1):
+        print(f"{text!r} -> {info.detokenize(tokens)!r}")
+        if attention is None:
+            print("(this model has no attention: its decoder sees only the encoder's final state)")
+            continue
+        print(format_attention(attention, source, tokens))
+        if args.heatmap is not None:
+            path = _heatmap_path(args.heatmap, index, len(args.texts))
+            try:
+                ta.viz.heatmap(attention, source, row_labels(tokens, attention), path)
+            except (ImportError, ValueError, OSError) as err:       # messages start "heatmap:"
+                raise UsageError(str(err)) from None
+            print(f"wrote the heatmap to {path}")
+        if index < len(args.texts):
+            print()
+    return EXIT_OK
+
+
+def _translate_stream(model, info, args) -> int:
+    """Every line of stdin, checked first (so bad input writes nothing), then decoded in
+    batches; one output line per input line."""
+    if args.heatmap is not None:
+        raise UsageError("--heatmap draws one picture per TEXT; it does not apply to '-'")
+    # Bytes, decoded here: the locale's encoding may not be UTF-8, and only "\n" ends a line
+    # (str.splitlines also splits at form feeds and U+2028), as in files of pairs.
+    raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8")
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        number = raw[: err.start].count(b"\n") + 1
+        raise UsageError(f"<stdin>:{number}: invalid UTF-8 (byte 0x{raw[err.start]:02x})") from None
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    if lines and lines[-1] == "":
+        lines.pop()                      # the newline that ends the last line
+    sources = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            sources.append(None)
+            continue
+        try:
+            check_source(line, info)
+        except UsageError as err:
+            raise UsageError(f"<stdin>:{number}: {err}") from None
+        sources.append(info.tokenize(line))
+    real = [source for source in sources if source is not None]
+    outputs = iter(ta.models.decode(model, real, info.src_vocab, info.tgt_vocab, beam=args.beam,
+                                    batch_size=args.batch_size) if real else [])
+    for source in sources:
+        sys.stdout.write((info.detokenize(next(outputs)) if source is not None else "") + "\n")
+    return EXIT_OK
+
+
+def _heatmap_path(path: str, index: int, count: int) -> Path:
+    path = Path(path)
+    return path if count == 1 else path.with_name(f"{path.stem}-{index}{path.suffix}")
