@@ -118,9 +118,21 @@ def run(length: int, attention: str | None, config: dict, seed: int) -> dict:
     history = ta.models.train(model, task, steps=config["steps"], batch_size=config["batch_size"],
                               seed=seed, optimizer=optimizer,
                               callback=linear_decay(optimizer, config["lr"], config["steps"]))
-    metrics = ta.models.evaluate(model, task.test, task.src_vocab, task.tgt_vocab)
+    metrics, rows = ta.models.evaluate(model, task.test, task.src_vocab, task.tgt_vocab, return_outputs=True)
+    metrics["token_accuracy"] = token_accuracy(rows)
     metrics["final_loss"] = history[-1]["loss"]
     return metrics
+
+
+def token_accuracy(rows) -> float:
+    """Positions predicted right over max(len(target), len(output)), summed over the test set:
+    an output too short or too long counts its missing or extra positions wrong.  Copy has one
+    target per source, so each row's references are one list."""
+    correct = total = 0
+    for _, output, (target,) in rows:
+        correct += sum(a == b for a, b in zip(output, target, strict=False))
+        total += max(len(target), len(output))
+    return correct / max(total, 1)
 
 
 def table(results: dict, lengths: list[int]) -> str:

