@@ -61,6 +61,21 @@ def test_load_state_dict_checks_everything_before_changing_anything():
     np.testing.assert_array_equal(block.scale.numpy(), 2.0)
 
 
+@pytest.mark.parametrize(("bias", "error", "message"), [
+    (np.array(["x", "y"]), TypeError, r"'bias' holds <U1 values; a parameter takes real numbers"),
+    (np.array([1 + 2j, 3]), TypeError, r"'bias' holds complex128 values"),
+    (np.array([1e300, 0.0]), ValueError, r"'bias' holds 1e\+300, beyond float32's range"),
+])
+def test_load_state_dict_refuses_values_it_would_change_and_changes_nothing(bias, error, message):
+    layer = nn.Linear(3, 2)
+    before = layer.state_dict()
+    with pytest.raises(error, match=message):
+        layer.load_state_dict({"weight": np.full((2, 3), 7.0), "bias": bias})
+    for name, value in layer.state_dict().items():
+        np.testing.assert_array_equal(value, before[name], err_msg=name)
+    layer.double().load_state_dict({"weight": np.full((2, 3), 1e300), "bias": np.zeros(2)})   # fits float64
+
+
 def test_load_state_dict_keeps_parameter_dtype():
     block = Block()
     block.load_state_dict({k: v.astype(np.float64) for k, v in block.state_dict().items()})

@@ -142,6 +142,9 @@ class Module:
         if strict and (missing or unexpected):
             raise KeyError(f"{type(self).__name__}.load_state_dict: missing keys {missing}, "
                            f"unexpected keys {unexpected}")
+        where = f"{type(self).__name__}.load_state_dict"
+        # Every entry is converted and checked before any parameter changes: a bad one leaves
+        # the module as it was.
         arrays = {}
         for name, value in state.items():
             if name not in params:
@@ -149,13 +152,14 @@ class Module:
             if hasattr(value, "detach"):
                 value = value.detach()
             array = np.asarray(value)
-            if array.shape != params[name].shape:
-                raise ShapeError(f"{type(self).__name__}.load_state_dict: {name!r} has shape "
-                                 f"{array.shape}, the parameter has shape {params[name].shape}")
-            arrays[name] = array
+            p = params[name]
+            if array.shape != p.shape:
+                raise ShapeError(f"{where}: {name!r} has shape {array.shape}, the parameter has shape "
+                                 f"{p.shape}")
+            arrays[name] = _parameter_values(array, p.dtype, f"{where}: {name!r}")
         for name, array in arrays.items():
             p = params[name]
-            p.data = p.backend.asarray(np.array(array, dtype=p.dtype, copy=True), p.dtype)
+            p.data = p.backend.asarray(array, p.dtype)
 
     def astype(self, dtype) -> Module:
         """Convert every parameter to a float ``dtype`` in place; returns self."""
@@ -211,3 +215,20 @@ class Module:
             text = repr(child).replace("\n", "\n  ")
             lines.append(f"  ({name}): {text}")
         return "\n".join(lines)
+
+
+def _parameter_values(array: np.ndarray, dtype, where: str) -> np.ndarray:
+    """``array`` as a new array of the parameter's float ``dtype``, refusing what would change
+    its values silently: non-numbers, complex numbers (the imaginary part would be dropped)
+    and finite values too large for the dtype (they would become inf)."""
+    if array.dtype.kind not in "biuf":
+        raise TypeError(f"{where} holds {array.dtype} values; a parameter takes real numbers")
+    with np.errstate(over="ignore", invalid="ignore"):
+        converted = np.array(array, dtype=dtype, copy=True)
+    if array.dtype.kind == "f":
+        overflow = np.isinf(converted) & np.isfinite(array)
+        if overflow.any():
+            biggest = float(np.abs(array[overflow]).max())
+            raise ValueError(f"{where} holds {biggest:.3g}, beyond {np.dtype(dtype).name}'s range "
+                             f"(+-{float(np.finfo(dtype).max):.3g})")
+    return converted
