@@ -382,3 +382,59 @@ def test_new_files_get_the_umask_mode_and_old_files_keep_theirs(tmp_path):
     os.chmod(private, 0o600)
     ta.save({"x": 2}, private)
     assert stat.S_IMODE(os.stat(private).st_mode) == 0o600
+
+
+# ---------------------------------------------------------------- files that would exhaust memory
+
+
+def write_archive(path, entries: dict, compression=zipfile.ZIP_STORED) -> None:
+    """An .npz written by hand: ``entries`` maps entry names to raw .npy bytes."""
+    with zipfile.ZipFile(path, "w", compression=compression) as archive:
+        for name, data in entries.items():
+            archive.writestr(name + ".npy", data)
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def structure(root, text: str | None = None) -> bytes:
+    """The structure entry of a checkpoint whose root is ``root`` (or the JSON ``text``)."""
+    import json
+
+    text = json.dumps(root) if text is None else text
+    header = f'{{"format": "{serialize.FORMAT}", "version": {serialize.VERSION}, "root": {text}}}'
+    return npy_bytes(np.frombuffer(header.encode(), dtype=np.uint8))
+
+
+@pytest.mark.parametrize("depth", [serialize.MAX_DEPTH + 5, 3000])       # json itself fails at 3000
+def test_load_refuses_a_structure_nested_too_deeply(depth, tmp_path):
+    path = tmp_path / "deep.ckpt"
+    write_archive(path, {"__tinygrad_attn__": structure(None, "[" * depth + '"leaf"' + "]" * depth)})
+    with pytest.raises(ta.SerializationError, match="nest|nested more deeply"):
+        ta.load(path)
+
+
+def test_load_refuses_an_array_header_claiming_more_than_its_entry_holds(tmp_path):
+    path = tmp_path / "claims.ckpt"
+    honest = npy_bytes(np.zeros(4, dtype=np.float64))
+    lying = honest.replace(b"(4,)", b"(10000000000000,)".ljust(len(b"(4,)")))     # 10^13 values
+    assert b"10000000000000" in lying
+    write_archive(path, {"__tinygrad_attn__": structure({"array": "a"}), "a": lying})
+    assert path.stat().st_size < 1000
+    with pytest.raises(ta.SerializationError, match=r"claims shape \(10000000000000,\) of float64"):
+        ta.load(path)
+
+
+def test_load_refuses_a_zip_bomb_before_inflating_it(tmp_path):
+    path = tmp_path / "bomb.ckpt"
+    zeros = npy_bytes(np.zeros(serialize.INFLATION_ALLOWANCE // 8 + 1024, dtype=np.float64))
+    write_archive(path, {"__tinygrad_attn__": structure({"array": "a"}), "a": zeros},
+                  compression=zipfile.ZIP_DEFLATED)
+    assert path.stat().st_size * serialize.MAX_INFLATION < len(zeros)
+    with pytest.raises(ta.SerializationError, match="would inflate to .* refused"):
+        ta.load(path)

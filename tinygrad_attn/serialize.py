@@ -18,6 +18,12 @@ What comes back:
     * dicts (keys str, int, float, bool or None, in order), lists, tuples, str, int,
       float (NaN and infinities too), bool and None come back as they were.
 
+Reading refuses what would exhaust memory rather than run out of it: a structure nested
+deeper than ``MAX_DEPTH`` levels, an array whose header claims more values than its entry
+holds, and an archive whose entries inflate to more than ``MAX_INFLATION`` times its own size
+(beyond ``INFLATION_ALLOWANCE`` bytes): ``ta.save`` stores entries uncompressed, so only a
+foreign or crafted file comes near these limits.
+
 Writing is atomic: the archive goes to a temporary file next to ``path``, is flushed and
 fsync'ed, and only then renamed over ``path``; on any error the temporary file is removed
 and a file already at ``path`` is left untouched.  The file is written exactly at ``path``
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import stat
 import uuid
@@ -38,11 +45,15 @@ import numpy as np
 from .nn.module import Module
 from .tensor import Tensor
 
-__all__ = ["save", "load", "SerializationError", "FORMAT", "VERSION"]
+__all__ = ["save", "load", "SerializationError", "FORMAT", "VERSION", "MAX_DEPTH", "MAX_INFLATION",
+           "INFLATION_ALLOWANCE"]
 
 FORMAT = "tinygrad_attn.checkpoint"
 VERSION = 1
 _STRUCTURE = "__tinygrad_attn__"      # the .npz entry holding the JSON structure
+MAX_DEPTH = 200                        # nesting levels a loaded structure may have
+MAX_INFLATION = 100                    # uncompressed entries / archive size, at most ...
+INFLATION_ALLOWANCE = 64 << 20         # ... once the entries exceed this many bytes
 
 
 class SerializationError(ValueError):
@@ -210,6 +221,7 @@ def _fsync_directory(directory: str) -> None:
 _READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError, UnicodeDecodeError)
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")   # a zip with entries, an empty zip: as np.load
 _NPY_MAGIC = b"\x93NUMPY"
+_NPY_HEADERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
 
 
 def load(path):
@@ -249,19 +261,55 @@ def load(path):
             raise SerializationError(f"ta.load: {path!r} is a damaged .npz archive (corrupt or "
                                      f"truncated): {exc}") from exc
         with contents:
+            _check_inflation(path, contents, os.fstat(file.fileno()).st_size)
             if _STRUCTURE not in contents.files:
                 shown = ", ".join(contents.files[:5]) + (", ..." if len(contents.files) > 5 else "")
                 raise SerializationError(f"ta.load: {path!r} is an .npz archive but not a "
                                          f"tinygrad_attn checkpoint (no {_STRUCTURE!r} entry; it "
                                          f"holds: {shown or 'nothing'}); read it with np.load")
             try:
-                header = json.loads(contents[_STRUCTURE].tobytes().decode("utf-8"))
+                header = json.loads(_read_array(path, contents, _STRUCTURE, "the structure entry")
+                                    .tobytes().decode("utf-8"))
+            except RecursionError:
+                raise SerializationError(f"ta.load: {path!r} has a structure nested more deeply "
+                                         f"than Python can read") from None
             except _READ_ERRORS as exc:
                 raise SerializationError(f"ta.load: {path!r} has a damaged structure entry: "
                                          f"{exc}") from exc
             _check_header(path, header)
             reader = _Reader(path, contents)
             return reader.decode(header["root"], "obj")
+
+
+def _check_inflation(path: str, contents, size: int) -> None:
+    """Refuse a zip bomb before inflating any of it."""
+    inflated = sum(info.file_size for info in contents.zip.infolist())
+    if inflated > INFLATION_ALLOWANCE and inflated > MAX_INFLATION * max(size, 1):
+        raise SerializationError(f"ta.load: {path!r} ({size:,} bytes) would inflate to {inflated:,} bytes, "
+                                 f"more than {MAX_INFLATION} times its size (ta.serialize.MAX_INFLATION); "
+                                 f"refused")
+
+
+def _read_array(path: str, contents, name: str, where: str) -> np.ndarray:
+    """One array entry, after checking that its header claims no more values than the entry
+    holds (a damaged header would otherwise ask for terabytes)."""
+    info = contents.zip.getinfo(name + ".npy")
+    with contents.zip.open(info) as member:
+        try:
+            version = np.lib.format.read_magic(member)
+            read_header = _NPY_HEADERS.get(version)
+            if read_header is None:
+                raise ValueError(f".npy format version {version} is not one ta.save writes")
+            shape, _, dtype = read_header(member)
+        except _READ_ERRORS as exc:
+            raise SerializationError(f"ta.load: {path!r} is damaged: {where} has a bad array header: "
+                                     f"{exc}") from exc
+        claimed = math.prod(shape) * dtype.itemsize
+        held = info.file_size - member.tell()
+    if claimed > held:
+        raise SerializationError(f"ta.load: {path!r} is damaged: {where} claims shape {shape} of {dtype} "
+                                 f"({claimed:,} bytes) but its entry holds {held:,} bytes")
+    return contents[name]
 
 
 def _check_header(path: str, header) -> None:
@@ -287,26 +335,30 @@ class _Reader:
         return SerializationError(f"ta.load: {self.path!r} is damaged: {where} is a malformed "
                                   f"node {shown}")
 
-    def decode(self, node, where: str):
+    def decode(self, node, where: str, depth: int = 0):
         if node is None or isinstance(node, (bool, int, float, str)):
             return node
+        if depth > MAX_DEPTH:
+            raise SerializationError(f"ta.load: {self.path!r} nests {where} more than {MAX_DEPTH} levels "
+                                     f"deep (ta.serialize.MAX_DEPTH); refused")
+        depth += 1
         if isinstance(node, list):
-            return [self.decode(item, f"{where}[{i}]") for i, item in enumerate(node)]
+            return [self.decode(item, f"{where}[{i}]", depth) for i, item in enumerate(node)]
         if not isinstance(node, dict) or len(node) != 1:
             raise self.malformed(where, node)
         ((tag, body),) = node.items()
         if tag == "array" and isinstance(body, str):
             return self.array(body, where)
         if tag == "tuple" and isinstance(body, list):
-            return tuple(self.decode(item, f"{where}[{i}]") for i, item in enumerate(body))
+            return tuple(self.decode(item, f"{where}[{i}]", depth) for i, item in enumerate(body))
         if tag == "dict" and isinstance(body, dict):
-            return {key: self.decode(item, f"{where}[{key!r}]") for key, item in body.items()}
+            return {key: self.decode(item, f"{where}[{key!r}]", depth) for key, item in body.items()}
         if tag == "items" and isinstance(body, list):
             decoded = {}
             for pair in body:
                 if not isinstance(pair, list) or len(pair) != 2 or isinstance(pair[0], (list, dict)):
                     raise self.malformed(where, pair)
-                decoded[pair[0]] = self.decode(pair[1], f"{where}[{pair[0]!r}]")
+                decoded[pair[0]] = self.decode(pair[1], f"{where}[{pair[0]!r}]", depth)
             return decoded
         raise self.malformed(where, node)
 
@@ -315,7 +367,7 @@ class _Reader:
             raise SerializationError(f"ta.load: {self.path!r} is damaged: {where} refers to "
                                      f"the missing array entry {name!r}")
         try:
-            return self.contents[name]
+            return _read_array(self.path, self.contents, name, f"the array {where}")
         except _READ_ERRORS as exc:
             raise SerializationError(f"ta.load: {self.path!r} is damaged: the array {where} "
                                      f"cannot be read: {exc}") from exc
