@@ -166,6 +166,11 @@ def _error_cases(tmp_path, checkpoint):
         (["train", "--task", "dates", "--length", "5"], "--length applies to the copy and reverse"),
         (["train", "--steps", "0"], "expected a positive integer"),
         (["train", "--attention", "dot", "--bidirectional"], "attention='dot' needs"),
+        (["train", "--lr", "inf"], "expected a positive finite number, got inf"),
+        (["train", "--task", "copy", "--length", "3", "--hidden", "200000",
+          "--out", str(tmp_path / "x.ckpt")], "does not fit in memory"),
+        (["demo", "--out-dir", str(corrupt)], "is a file, not a directory"),
+        (["demo", "--out-dir", "/proc/x"], "cannot create --out-dir /proc/x"),
         (["translate", str(checkpoint)], "required"),
         ([], "required"),
     ]

@@ -4,6 +4,7 @@ model and thread options, checkpoints and sources read from the user."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from contextlib import contextmanager
@@ -49,7 +50,7 @@ def _number(convert, accept, wanted: str):
 
 positive_int = _number(int, lambda v: v >= 1, "a positive integer")
 non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
-positive_float = _number(float, lambda v: v > 0, "a positive number")
+positive_float = _number(float, lambda v: 0 < v < math.inf, "a positive finite number")
 probability = _number(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
 
@@ -105,6 +106,30 @@ def threads_restored(args):
     finally:
         if ta.get_num_threads() != before:
             ta.set_num_threads(before)
+
+
+def writable_directory(path: Path, flag: str) -> Path:
+    """Check an output folder can be made and written before the work, not after it."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path} is a file, not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"cannot create {flag} {path}: {err.strerror or err}") from None
+    if not os.access(path, os.W_OK):
+        raise UsageError(f"cannot write to {flag} {path}")
+    return path
+
+
+def build_model(src_vocab, tgt_vocab, **config):
+    """``ta.models.Seq2Seq`` from command-line settings, its errors as one line."""
+    try:
+        return ta.models.Seq2Seq(src_vocab, tgt_vocab, **config)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    except MemoryError:
+        sizes = ", ".join(f"{key} {value}" for key, value in config.items() if isinstance(value, int))
+        raise UsageError(f"a model of {sizes} does not fit in memory; choose smaller sizes") from None
 
 
 def writable(path: Path, flag: str = "--out") -> Path:
@@ -166,6 +191,8 @@ def load_checkpoint(path: str):
         raise UsageError(str(err)) from None
     except OSError as err:
         raise UsageError(f"cannot read the checkpoint {path}: {err.strerror or err}") from None
+    except MemoryError:
+        raise UsageError(f"the model in {path} does not fit in memory") from None
     except (KeyError, TypeError, ValueError) as err:
         raise UsageError(f"{path} is not a readable seq2seq checkpoint "
                          f"({type(err).__name__}: {err})") from None

@@ -15,6 +15,7 @@ from .common import (
     positive_int,
     row_labels,
     set_threads,
+    writable_directory,
 )
 from .train import describe_training, fit
 from .verify import bahdanau_step_check
@@ -58,7 +59,7 @@ def run(args) -> int:
     steps = args.steps or (30 if quick else 1500)
     time_limit = args.time_limit or (60.0 if quick else 120.0)
     embed, hidden, batch_size, lr = (8, 16, 32, 5e-3) if quick else (32, 128, 64, 5e-3)
-    out_dir = Path(args.out_dir)
+    out_dir = writable_directory(Path(args.out_dir), "--out-dir")        # before training, not after
     threads = set_threads(args.threads)
 
     print("tinygrad_attn demo: a GRU encoder-decoder with Bahdanau (additive) attention learns to "
@@ -94,7 +95,6 @@ def run(args) -> int:
           f"characters; each row sums to 1):")
     print(format_attention(attention, source, tokens))
 
-    out_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = out_dir / "dates.ckpt"
     ta.models.save_checkpoint(checkpoint, model, task, step=len(history), metrics=metrics)
     print(f"\nsaved the model to {checkpoint}; try: tinygrad-attn translate {checkpoint} \"20 july 1969\"")

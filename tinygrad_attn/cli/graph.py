@@ -14,6 +14,7 @@ from .common import (
     EXIT_OK,
     UsageError,
     add_model_options,
+    build_model,
     check_source,
     load_checkpoint,
     positive_int,
@@ -125,13 +126,10 @@ def _untrained_loss(args):
                          "an untrained model runs on random ids of --src-len")
     option = {name: getattr(args, name) or value for name, value in GRAPH_MODEL.items()}
     ta.manual_seed(0)
-    try:
-        model = ta.models.Seq2Seq(_GRAPH_VOCAB, _GRAPH_VOCAB, embed=option["embed"], hidden=option["hidden"],
-                                  cell=option["cell"], style=option["style"],
-                                  attention=None if option["attention"] == "none" else option["attention"],
-                                  num_layers=option["layers"], bidirectional=bool(args.bidirectional))
-    except ValueError as err:
-        raise UsageError(str(err)) from None
+    model = build_model(_GRAPH_VOCAB, _GRAPH_VOCAB, embed=option["embed"], hidden=option["hidden"],
+                        cell=option["cell"], style=option["style"],
+                        attention=None if option["attention"] == "none" else option["attention"],
+                        num_layers=option["layers"], bidirectional=bool(args.bidirectional))
     model.eval()
     rng = np.random.default_rng(0)
     src_len, tgt_len = args.src_len or 3, args.tgt_len or 2

@@ -16,6 +16,7 @@ from .common import (
     UsageError,
     add_model_options,
     add_threads,
+    build_model,
     load_checkpoint,
     non_negative_int,
     positive_float,
@@ -170,15 +171,11 @@ def run_train(args) -> int:
     task = task_from_source(source)
     threads = set_threads(args.threads)
     ta.manual_seed(settings["seed"])
-    try:
-        model = ta.models.Seq2Seq(task.src_vocab, task.tgt_vocab, embed=settings["embed"],
-                                  hidden=settings["hidden"], cell=settings["cell"],
-                                  attention=None if settings["attention"] == "none" else
-                                  settings["attention"],
-                                  style=settings["style"], num_layers=settings["layers"],
-                                  dropout=settings["dropout"], bidirectional=bool(args.bidirectional))
-    except ValueError as err:
-        raise UsageError(str(err)) from None
+    attention = None if settings["attention"] == "none" else settings["attention"]
+    model = build_model(task.src_vocab, task.tgt_vocab, embed=settings["embed"], hidden=settings["hidden"],
+                        cell=settings["cell"], attention=attention, style=settings["style"],
+                        num_layers=settings["layers"], dropout=settings["dropout"],
+                        bidirectional=bool(args.bidirectional))
     _describe(task, model, threads)
     options = dict(steps=settings["steps"], batch_size=settings["batch_size"], lr=settings["lr"],
                    clip=settings["clip"], seed=settings["seed"], schedule=settings["schedule"],

@@ -105,5 +105,8 @@ def load_checkpoint(path) -> tuple[Seq2Seq, Checkpoint]:
     except (KeyError, TypeError, ValueError) as err:
         raise SerializationError(f"load_checkpoint: {path} is a seq2seq checkpoint with missing or "
                                  f"damaged fields ({type(err).__name__}: {err})") from None
+    except MemoryError:
+        raise SerializationError(f"load_checkpoint: the model {path} describes ({state['config']!r:.200}) "
+                                 f"does not fit in memory") from None
     model.eval()
     return model, info
