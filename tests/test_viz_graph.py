@@ -512,3 +512,29 @@ def test_a_failing_dot_leaves_a_tensor_as_text(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     _, _, y = tiny()
     assert set(y._repr_mimebundle_()) == {"text/plain"}
+
+
+def test_render_collapses_a_long_unroll_and_refuses_a_graph_dot_would_take_minutes_on(tmp_path):
+    *_, long = seq2seq_loss(S=800, T=2)
+    assert len(viz.nodes(long)) > viz.RENDER_MAX_NODES
+    start = time.perf_counter()
+    path = viz.render(long, tmp_path / "long.svg")                   # drawn with collapse=2
+    assert time.perf_counter() - start < 60
+    assert "steps …" in path.read_text()
+    chain = Tensor(np.ones(2), requires_grad=True)
+    for _ in range(viz.RENDER_MAX_NODES):
+        chain = chain * 1.0
+    with pytest.raises(ValueError, match=r"has [\d,]+ nodes, more than RENDER_MAX_NODES \(2,000\)"):
+        viz.render(chain.sum(), tmp_path / "chain.svg")
+    with pytest.raises(ValueError, match="RENDER_MAX_NODES"):
+        viz.render(viz.graph(chain.sum()), tmp_path / "chain.png")
+    assert not (tmp_path / "chain.svg").exists()
+    assert viz.render(chain.sum(), tmp_path / "chain.dot").stat().st_size > 0   # DOT needs no layout
+
+
+def test_graph_counts_what_it_draws():
+    *_, loss = seq2seq_loss(S=3, T=2)
+    digraph = viz.graph(loss)
+    assert digraph.nodes == len(re.findall(r"^\s*\w+ \[label=", digraph.source, re.M))
+    assert digraph.edges == len(re.findall(r"^\s*\w+ -> \w+", digraph.source, re.M))
+    assert digraph.boxes == digraph.source.count("subgraph ")

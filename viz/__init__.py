@@ -19,6 +19,8 @@ from .graph import (
     MAX_VALUES,
     NOTEBOOK_COLLAPSE_ABOVE,
     NOTEBOOK_MAX_NODES,
+    RENDER_MAX_NODES,
+    Drawing,
     GraphvizNotFound,
     _notebook_svg,
     graph,
@@ -28,7 +30,8 @@ from .graph import (
 from .heatmap import heatmap
 from .text import nodes, summary
 
-__all__ = ["heatmap", "nodes", "summary", "graph", "render", "notebook_display", "GraphvizNotFound",
-           "FORMATS", "MAX_VALUES", "NOTEBOOK_COLLAPSE_ABOVE", "NOTEBOOK_MAX_NODES"]
+__all__ = ["heatmap", "nodes", "summary", "graph", "render", "Drawing", "notebook_display",
+           "GraphvizNotFound", "FORMATS", "MAX_VALUES", "RENDER_MAX_NODES", "NOTEBOOK_COLLAPSE_ABOVE",
+           "NOTEBOOK_MAX_NODES"]
 
 Tensor._graph_svg = staticmethod(_notebook_svg)

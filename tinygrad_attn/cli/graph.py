@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 import numpy as np
@@ -102,10 +101,9 @@ def run(args) -> int:
         path = viz.render(digraph, out)
     except (viz.GraphvizNotFound, ValueError, TypeError, OSError) as err:
         raise UsageError(str(err)) from None
-    nodes, edges, boxes = _drawing_size(digraph)
     print(what)
-    print(f"wrote the {'gradient ' if args.backward else ''}graph to {path}: {nodes} nodes, "
-          f"{edges} edges, {boxes} boxes (scopes)")
+    print(f"wrote the {'gradient ' if args.backward else ''}graph to {path}: {digraph.nodes} nodes, "
+          f"{digraph.edges} edges, {digraph.boxes} boxes (scopes)")
     return EXIT_OK
 
 
@@ -179,12 +177,3 @@ def _first_held_out(info, checkpoint: str) -> str:
     if not task.test:
         raise UsageError(f"the task of {checkpoint} has no held-out pairs; give the source with --text")
     return task.detokenize_source(task.test[0][0])
-
-
-def _drawing_size(digraph) -> tuple[int, int, int]:
-    """(nodes, edges, boxes) of a Digraph, counted in its DOT source."""
-    source = digraph.source
-    nodes = len(re.findall(r"^\s*\w+ \[label=", source, re.M))
-    edges = len(re.findall(r"^\s*\w+ -> \w+", source, re.M))
-    boxes = len(re.findall(r"^\s*subgraph \"?cluster_", source, re.M))
-    return nodes, edges, boxes
