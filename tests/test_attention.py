@@ -333,3 +333,38 @@ def test_fused_scaled_dot_product_is_one_node():
     q = Tensor(rand(102, 2, 4, 3), requires_grad=True)
     out = _fused(None, True)(q, q, q)
     assert out.node.op_name == "ScaledDotProduct" and out.node.inputs == (q, q, q)
+
+
+# ---------------------------------------------------------------- nothing to attend to
+
+
+def _grad_of(x):
+    return None if x.grad is None else x.grad.numpy()
+
+
+@pytest.mark.parametrize("device", ["cpu", "numpy"])
+def test_softmax_over_an_empty_axis_is_empty(device):
+    for method in ("softmax", "log_softmax"):
+        x = Tensor(np.ones((2, 0)), requires_grad=True, device=device)
+        y = getattr(x, method)(-1)
+        assert y.shape == (2, 0)
+        y.sum().backward()
+        assert _grad_of(x).shape == (2, 0)
+
+
+@pytest.mark.parametrize("device", ["cpu", "numpy"])
+@pytest.mark.parametrize("need_weights", [True, False])
+def test_attention_with_zero_keys_gives_a_zero_context_and_no_gradient(device, need_weights):
+    q = Tensor(np.ones((1, 2, 4, 3)), requires_grad=True, device=device)
+    k = Tensor(np.ones((1, 2, 0, 3)), requires_grad=True, device=device)
+    v = Tensor(np.ones((1, 2, 0, 5)), requires_grad=True, device=device)
+    context, weights = ta.attention.scaled_dot_product(q, k, v, need_weights=need_weights)
+    assert context.shape == (1, 2, 4, 5) and not context.numpy().any()
+    assert (weights is None) != need_weights and (weights is None or weights.shape == (1, 2, 4, 0))
+    context.sum().backward()
+    assert not _grad_of(q).any() and _grad_of(k).shape == (1, 2, 0, 3)
+    s = Tensor(np.ones((2, 3)), requires_grad=True, device=device)
+    context, weights = ta.attention.dot(s, Tensor(np.ones((2, 0, 3)), device=device))
+    assert context.shape == (2, 3) and weights.shape == (2, 0) and not context.numpy().any()
+    context.sum().backward()
+    assert not _grad_of(s).any()

@@ -54,7 +54,8 @@ class MaskedSoftmax(Op):
         if x.ndim == 0 or broadcast_shape(self, x, mask) != tuple(x.shape):
             self.fail(f"mask of shape {tuple(mask.shape)} must broadcast to the scores' shape "
                       f"{tuple(x.shape)} without enlarging it")
-        y = self.backend.masked_softmax(x, mask)
+        # No keys at all: nothing to attend to, an empty row of weights.
+        y = self.backend.masked_softmax(x, mask) if x.size else self.backend.zeros(x.shape, x.dtype)
         self.saved = (y,)
         return y
 
@@ -184,6 +185,10 @@ class ScaledDotProduct(Op):
                 mask3 = kb.reshape(kb.broadcast_to(mask, (t_q, t_k)), (1, t_q, t_k))
             else:
                 mask3 = kb.reshape(kb.broadcast_to(mask, full), (-1, t_q, t_k))
+        if t_k == 0 or 0 in batch or t_q == 0:
+            # Nothing to attend to (or no one asking): a zero context, as a fully masked row gets.
+            self.saved = None, (q.shape, k.shape, v.shape), mask is not None
+            return kb.zeros(batch + (t_q, v.shape[-1]), q.dtype)
         q3, k3, v3 = (kb.reshape(kb.broadcast_to(x, batch + x.shape[-2:]), (-1,) + x.shape[-2:])
                       for x in (q, k, v))                                    # (N, T, D)
         o3, lse = kb.sdpa(q3, k3, v3, mask3, float(self.scale), bool(self.causal))
@@ -191,6 +196,10 @@ class ScaledDotProduct(Op):
         return kb.reshape(o3, batch + (t_q, v.shape[-1]))
 
     def backward(self, do):
+        if self.saved[0] is None:                 # no keys (or no queries): no gradient flows
+            _, shapes, masked = self.saved
+            grads = tuple(self.backend.zeros(shape, do.dtype) for shape in shapes)
+            return grads + ((None,) if masked else ())
         q3, k3, v3, o3, lse, mask3, shapes, batch = self.saved
         kb = self.backend
         do3 = kb.reshape(do, o3.shape)

@@ -41,7 +41,8 @@ class Softmax(Op):
     def forward(self, x):
         check_float(self, x)
         self.set_attr("axis", normalize_axis(self, self.axis, x.ndim))
-        y = self.backend.softmax(x, self.axis)
+        # The softmax over an empty axis is empty (the kernels' max has no identity).
+        y = self.backend.softmax(x, self.axis) if x.size else self.backend.zeros(x.shape, x.dtype)
         self.saved = (y,)
         return y
 
@@ -66,7 +67,7 @@ class LogSoftmax(Op):
     def forward(self, x):
         check_float(self, x)
         self.set_attr("axis", normalize_axis(self, self.axis, x.ndim))
-        y = self.backend.log_softmax(x, self.axis)
+        y = self.backend.log_softmax(x, self.axis) if x.size else self.backend.zeros(x.shape, x.dtype)
         self.saved = (y,)
         return y
 
