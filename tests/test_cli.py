@@ -167,6 +167,8 @@ def _error_cases(tmp_path, checkpoint):
         (["train", "--steps", "0"], "expected a positive integer"),
         (["train", "--attention", "dot", "--bidirectional"], "attention='dot' needs"),
         (["train", "--lr", "inf"], "expected a positive finite number, got inf"),
+        (["train", "--task", "copy", "--length", "100000"], "expected an integer from 1 to 1000"),
+        (["train", "--threads", "1000"], "expected an integer from 1 to"),
         (["train", "--task", "copy", "--length", "3", "--hidden", "200000",
           "--out", str(tmp_path / "x.ckpt")], "does not fit in memory"),
         (["demo", "--out-dir", str(corrupt)], "is a file, not a directory"),

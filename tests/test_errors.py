@@ -8,6 +8,10 @@ import tinygrad_attn.functional as F
 from tinygrad_attn import Tensor
 
 
+def _model():
+    return ta.models.Seq2Seq(8, 8, embed=4, hidden=4)
+
+
 def t(*shape, dtype="float32"):
     return Tensor(np.ones(shape), dtype=dtype)
 
@@ -59,6 +63,13 @@ def test_bad_shapes_raise_errors_naming_the_op(name, call, pattern):
     ("float target", lambda: F.cross_entropy(t(2, 3), t(2)), r"CrossEntropy: target must be an integer tensor"),
     ("masked_fill float mask", lambda: t(2).masked_fill(t(2), 0.0), r"MaskedFill: mask must be a boolean tensor"),
     ("unsupported dtype", lambda: Tensor([1.0], dtype="float16"), r"unsupported dtype float16"),
+    ("uint64 past int64", lambda: Tensor(np.array([2**63 + 5], np.uint64)),
+     r"uint64 value 9223372036854775813 does not fit in int64"),
+    ("int key_mask", lambda: ta.nn.MultiHeadAttention(4, 2)(t(1, 3, 4), t(1, 3, 4), t(1, 3, 4),
+                                                            key_mask=np.ones((1, 3), int)),
+     r"attention.multi_head: key_mask must be boolean .*got int64; compare ids"),
+    ("graph of an array", lambda: ta.viz.graph(np.ones(3)), r"graph\(\): expected a Tensor .*got ndarray"),
+    ("greedy float max_len", lambda: _model().greedy(np.full((1, 3), 4), 3.5), r"greedy: max_len must be an int"),
 ])
 def test_bad_dtypes_raise_errors_naming_the_op(name, call, pattern):
     with pytest.raises(TypeError, match=pattern):
@@ -78,3 +89,32 @@ def test_unknown_device_lists_the_known_ones():
 def test_setitem_is_refused_with_a_hint():
     with pytest.raises(TypeError, match="does not support item assignment.*ta.where"):
         t(2)[0] = 1.0
+
+
+def test_decoding_no_sources_gives_empty_results():
+    ids, weights = _model().beam_search(np.zeros((0, 3), np.int64), beam=3)
+    again, _ = _model().greedy(np.zeros((0, 3), np.int64))
+    assert ids.shape == again.shape == (0, 1) and weights.shape == (0, 1, 3)
+
+
+def test_save_keeps_a_read_only_file_and_names_the_users_path(tmp_path):
+    import os
+
+    locked = tmp_path / "locked.ckpt"
+    locked.write_text("keep me")
+    locked.chmod(0o444)
+    with pytest.raises(PermissionError, match=r"ta.save: '.*locked.ckpt' is read-only"):
+        ta.save({"a": 1}, locked)
+    assert locked.read_text() == "keep me"
+    with pytest.raises(IsADirectoryError, match="names no file"):
+        ta.save({"a": 1}, "")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        if os.access(folder, os.W_OK):
+            pytest.skip("running as a user who may write anywhere (root): a read-only folder is not")
+        with pytest.raises(PermissionError, match=r"cannot write '.*folder/x.ckpt': its directory"):
+            ta.save({"a": 1}, folder / "x.ckpt")
+    finally:
+        folder.chmod(0o755)

@@ -165,7 +165,7 @@ def test_heatmap_svg_file_is_written_atomically(tmp_path, monkeypatch):
     def broken_replace(src, dst):
         raise OSError("disk full")
 
-    files = importlib.import_module("tinygrad_attn.viz.files")      # the shared atomic write
+    files = importlib.import_module("tinygrad_attn.serialize")      # the shared atomic write
     monkeypatch.setattr(files.os, "replace", broken_replace)
     with pytest.raises(OSError, match="disk full"):
         heatmap(np.eye(2), ["a", "b"], ["x", "y"], path)

@@ -36,7 +36,7 @@ import math
 import numpy as np
 
 from . import functional
-from .autograd import ShapeError, scope
+from .autograd import DTypeError, ShapeError, scope
 from .ops import AdditiveScores, MaskedSoftmax, ScaledDotProduct
 from .ops._common import batch_shape, broadcasts_to
 from .tensor import Tensor
@@ -452,7 +452,10 @@ def _head_mask(fname, key_mask, mask, B, H, T, S, like, unbatched):
         km = np.asarray(key_mask.numpy() if isinstance(key_mask, Tensor) else key_mask)
         if unbatched and km.ndim == 1:
             km = km[None]
-        if km.dtype != np.bool_ or km.shape != (B, S):
+        if km.dtype != np.bool_:
+            raise DTypeError(f"attention.{fname}: key_mask must be boolean (True = real token), got "
+                             f"{km.dtype}; compare ids with the padding id, e.g. src != 0")
+        if km.shape != (B, S):
             _fail(fname, f"key_mask must be boolean (B, S) = ({B}, {S}) with True = real token, "
                          f"got {km.dtype} of shape {km.shape}")
         combined = km[:, None, None, :]                                      # (B, 1, 1, S)

@@ -157,14 +157,24 @@ def atomic_file(path, where: str):
         ...     file.write("".join(line + "\\n" for line in lines).encode("utf-8"))
     """
     path = os.fspath(path)
+    if not path or path.endswith(os.sep) or os.path.isdir(path):
+        raise IsADirectoryError(f"{where}: {path!r} names no file (a path to a file is needed)")
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
-        raise FileNotFoundError(f"{where}: the directory {directory!r} of {path!r} does not exist")
+        raise FileNotFoundError(f"{where}: cannot write {path!r}: the folder {directory!r} does not exist")
+    if os.path.exists(path) and (not os.access(path, os.W_OK) or not os.stat(path).st_mode & 0o222):
+        # The rename would replace it all the same: a read-only file is kept, as open() would
+        # (the mode bits too, which root's access() ignores).
+        raise PermissionError(f"{where}: {path!r} is read-only; make it writable or write elsewhere")
     temporary = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
     # O_EXCL: never reuse a file someone else made.  0o600 while it is written; the final
     # mode (an old file's, else what open() would give) is set just before the rename.
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
-                         0o600)
+    try:
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0),
+                             0o600)
+    except PermissionError:
+        raise PermissionError(f"{where}: cannot write {path!r}: its directory {directory!r} is not "
+                              f"writable") from None
     try:
         try:
             file = os.fdopen(descriptor, "wb")

@@ -99,6 +99,10 @@ class Tensor:
             data = data.numpy()
         array = np.asarray(data)
         resolved = _resolve_dtype(dtype, array)
+        if array.dtype == np.uint64 and resolved.kind == "i" and array.size and \
+                array.max() > np.iinfo(np.int64).max:
+            # int64 would wrap these round to negative numbers without a word.
+            raise DTypeError(f"Tensor: uint64 value {int(array.max())} does not fit in int64")
         if requires_grad and resolved.kind != "f":
             raise DTypeError(f"Tensor: only float tensors can require grad, got {resolved} "
                              f"of shape {array.shape}")

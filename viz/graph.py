@@ -37,8 +37,9 @@ import graphviz
 import numpy as np
 
 from tinygrad_attn.nn import Parameter
+from tinygrad_attn.serialize import atomic_file
+from tinygrad_attn.tensor import Tensor
 
-from .files import write_atomic
 from .text import nodes
 
 __all__ = ["graph", "render", "Drawing", "GraphvizNotFound", "FORMATS", "MAX_VALUES", "RENDER_MAX_NODES"]
@@ -114,6 +115,9 @@ def graph(tensor, collapse=None, backward: bool = False, values: bool = False,
         >>> ta.viz.graph(loss, collapse=2, attention_edges=True)     # shows in Jupyter
         >>> ta.viz.render(loss, "loss.svg", collapse="steps")
     """
+    if not isinstance(tensor, Tensor):
+        raise TypeError(f"graph(): expected a Tensor (the result whose graph to draw), got "
+                        f"{type(tensor).__name__}")
     return _drawing(tensor, collapse, backward, values, attention_edges, rankdir).digraph()
 
 
@@ -202,7 +206,8 @@ def render(tensor_or_digraph, path, **graph_options) -> Path:
                 "graphviz'), or write the DOT source, which needs no program: "
                 "ta.viz.render(t, 'graph.dot')"
             ) from error
-    write_atomic(path, lambda stream: stream.write(data), "render()")
+    with atomic_file(path, "render()") as stream:
+        stream.write(data)
     return path
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import write_atomic
+from tinygrad_attn.serialize import atomic_file
 
 BACKENDS = ("svg", "matplotlib")
 INSTALL_HINT = "pip install tinygrad_attn[plot]"
@@ -89,7 +89,8 @@ def heatmap(weights, src_tokens, tgt_tokens, path=None, title=None, *, backend=N
         text = _svg(weights, src, tgt, title, numbers)
         if path is None:
             return text
-        write_atomic(path, lambda f: f.write(text.encode("utf-8")), "heatmap")
+        with atomic_file(path, "heatmap") as file:
+            file.write(text.encode("utf-8"))
         return path
 
     fmt = None if path is None else path.suffix[1:].lower()
@@ -99,7 +100,8 @@ def heatmap(weights, src_tokens, tgt_tokens, path=None, title=None, *, backend=N
     if path is None:
         return figure
     # 150 dpi keeps a png's labels sharp; vector formats ignore it.
-    write_atomic(path, lambda f: figure.savefig(f, format=fmt, dpi=150), "heatmap")
+    with atomic_file(path, "heatmap") as file:
+        figure.savefig(file, format=fmt, dpi=150)
     return path
 
 

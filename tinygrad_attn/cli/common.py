@@ -34,7 +34,7 @@ class Parser(argparse.ArgumentParser):
 # ---------------------------------------------------------------- argument types
 
 
-def _number(convert, accept, wanted: str):
+def number_type(convert, accept, wanted: str):
     """An argparse type: ``convert`` the text, then require ``accept(value)``."""
     def parse(text: str):
         try:
@@ -48,10 +48,10 @@ def _number(convert, accept, wanted: str):
     return parse
 
 
-positive_int = _number(int, lambda v: v >= 1, "a positive integer")
-non_negative_int = _number(int, lambda v: v >= 0, "an integer >= 0")
-positive_float = _number(float, lambda v: 0 < v < math.inf, "a positive finite number")
-probability = _number(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
+positive_int = number_type(int, lambda v: v >= 1, "a positive integer")
+non_negative_int = number_type(int, lambda v: v >= 0, "an integer >= 0")
+positive_float = number_type(float, lambda v: 0 < v < math.inf, "a positive finite number")
+probability = number_type(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
 
 TRAIN_MODEL = dict(cell="gru", attention="additive", style="bahdanau", embed=64, hidden=128, layers=1)
@@ -81,10 +81,17 @@ def add_model_options(parser: argparse.ArgumentParser, defaults: dict, when: str
                         help=f"{when}a bidirectional encoder")
 
 
+# More threads than cores only makes them wait for each other.
+MAX_THREADS = os.cpu_count() or 1
+thread_count = number_type(int, lambda v: 1 <= v <= MAX_THREADS,
+                           f"an integer from 1 to {MAX_THREADS} (the cores here)")
+
+
 def add_threads(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--threads", type=positive_int, default=1, metavar="N",
-                        help="threads for BLAS and Numba (default 1: a small model's products gain "
-                             "nothing from more, and waiting threads collapse on a busy machine)")
+    parser.add_argument("--threads", type=thread_count, default=1, metavar="N",
+                        help="threads for BLAS and Numba, at most the number of cores (default 1: a "
+                             "small model's products gain nothing from more, and waiting threads "
+                             "collapse on a busy machine)")
 
 
 def set_threads(n: int) -> str:

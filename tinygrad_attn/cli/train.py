@@ -19,6 +19,7 @@ from .common import (
     build_model,
     load_checkpoint,
     non_negative_int,
+    number_type,
     positive_float,
     positive_int,
     probability,
@@ -27,6 +28,10 @@ from .common import (
 )
 
 TOKENS = ("char", "space")
+# Copy and reverse make 10,000 sequences of --length letters; past this, building them alone
+# takes minutes (and attention over them is quadratic).
+MAX_LENGTH = 1000
+sequence_length = number_type(int, lambda v: 1 <= v <= MAX_LENGTH, f"an integer from 1 to {MAX_LENGTH}")
 # Given with --resume, these would contradict the run saved in the checkpoint.
 _RUN_FLAGS = ("task", "data", "valid", "test", "src_tokens", "tgt_tokens", "length", "stress", "cell",
               "attention", "style", "embed", "hidden", "layers", "bidirectional", "dropout", "batch_size",
@@ -45,8 +50,8 @@ def add_parser(commands) -> None:
                     "test set's metrics at the end.")
     source = train.add_argument_group("data (a named task, or files of pairs)")
     source.add_argument("--task", choices=ta.data.TASKS, default=None, help="a named task (default dates)")
-    source.add_argument("--length", type=positive_int, default=None,
-                        help="sequence length for copy and reverse (default 10)")
+    source.add_argument("--length", type=sequence_length, default=None,
+                        help=f"sequence length for copy and reverse, at most {MAX_LENGTH} (default 10)")
     source.add_argument("--stress", action="store_true", default=None,
                         help="cmudict: keep the stress digits on vowels (AH0, AH1)")
     source.add_argument("--data", default=None, metavar="TSV",

@@ -295,8 +295,7 @@ class Seq2Seq(nn.Module):
             attention).  ``<pad>`` and ``<start>`` are never produced.
         """
         src = _ids(src, "src")
-        if max_len < 1:
-            raise ValueError(f"greedy: max_len must be positive, got {max_len}")
+        _check_positive(max_len, "max_len", "greedy")
         with _inference(self):
             memory = self.encode(src)
             batch = src.shape[0]
@@ -337,10 +336,12 @@ class Seq2Seq(nn.Module):
             (ids (B, L) int64, weights (B, L, S) or None), laid out as ``greedy``'s.
         """
         src = _ids(src, "src")
-        if beam < 1 or max_len < 1:
-            raise ValueError(f"beam_search: beam and max_len must be positive, got {beam}, {max_len}")
+        _check_positive(beam, "beam", "beam_search")
+        _check_positive(max_len, "max_len", "beam_search")
         if coverage_penalty and self.attention_kind is None:
             raise ValueError("beam_search: coverage_penalty needs a model with attention")
+        if src.shape[0] == 0:             # no sources: the empty result greedy gives
+            return self.greedy(src, max_len=1)
         with _inference(self):
             found = [self._beam_one(src[b : b + 1], beam, max_len, length_penalty, coverage_penalty)
                      for b in range(src.shape[0])]
@@ -413,6 +414,13 @@ def _size(vocab, what: str) -> int:
         raise ValueError(f"Seq2Seq: {what} must hold at least the 4 reserved ids (<pad>, <start>, "
                          f"<end>, <unk>), got size {size}")
     return int(size)
+
+
+def _check_positive(value, name: str, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{where}: {name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < 1:
+        raise ValueError(f"{where}: {name} must be positive, got {value}")
 
 
 def _ids(x, what: str) -> np.ndarray:
