@@ -274,3 +274,29 @@ def test_train_log_drops_a_last_line_cut_short_and_a_new_run_starts_a_new_log(tm
     ta.models.train(small_model(task), task, steps=2, batch_size=8, eval_every=2,
                     checkpoint=tmp_path / "run.ckpt")
     assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [2]
+
+
+def test_two_threads_training_with_dropout_equal_sequential_runs():
+    task = small_task()
+
+    def train(model, seed):
+        ta.models.train(model, task, steps=6, batch_size=8, eval_every=0, seed=seed)
+        return weights(model)
+
+    alone = [train(small_model(task, dropout=0.3), seed) for seed in (1, 2)]
+    models = [small_model(task, dropout=0.3) for _ in range(2)]      # made here: init draws too
+    together = [None, None]
+
+    def in_thread(index):
+        together[index] = train(models[index], index + 1)
+
+    threads = [threading.Thread(target=in_thread, args=(index,)) for index in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for a, b in zip(alone, together, strict=True):
+        assert_same_weights(a, b)
+    with ta.random.using(np.random.default_rng(5)):
+        first = ta.random.generator().random()
+    assert first == np.random.default_rng(5).random() and ta.random.generator() is not None

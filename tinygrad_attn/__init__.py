@@ -7,7 +7,7 @@
     ta.check.symbolic(lambda x: (x @ x.T).tanh().sum(), x)   # exact, with sympy
 """
 
-from . import attention, check, data, functional, metrics, models, nn, ops, optim
+from . import attention, check, data, functional, metrics, models, nn, ops, optim, random
 from .autograd import (
     DeviceError,
     DTypeError,
@@ -46,6 +46,7 @@ __all__ = [
     "functional",
     "check",
     "metrics",
+    "random",
     "ShapeError",
     "DTypeError",
     "DeviceError",

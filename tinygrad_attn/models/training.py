@@ -68,8 +68,8 @@ def train(model: Seq2Seq, task: data.Task, steps: int = 1000, batch_size: int = 
         steps: the run's total optimizer steps (a resumed run continues up to it).
         batch_size: pairs per step.  lr: Adam's (peak) learning rate.
         clip: clip the gradients' global norm to this (None: no clipping).
-        seed: seeds the batch order, and dropout through the engine's generator
-            (``ta.manual_seed(seed)`` is called, so a run is reproducible).
+        seed: seeds the batch order, and dropout through a generator of the run's own
+            (``ta.random.using``): a run is reproducible, also while other threads train.
         time_limit: stop after this many seconds of this call even if ``steps`` are not done
             (like Ctrl-C, a stop that ``resume`` continues exactly; the steps since the last
             evaluation are saved but not scored).
@@ -167,7 +167,8 @@ class _Run:
         self.best_weights: dict | None = None
         self.losses_since_eval: list[float] = []
         self.schedule_state: dict | None = None      # a resumed run's, until the schedule exists
-        _random.manual_seed(settings["seed"])
+        # The run's own generator (dropout): other threads' draws cannot change this run.
+        self.generator = np.random.default_rng(settings["seed"])
 
     # ------------------------------------------------------------ schedule
 
@@ -189,7 +190,7 @@ class _Run:
         return {"settings": self.settings, "step": self.step, "seconds": seconds,
                 "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "schedule": None if schedule is None else schedule.state_dict(),
-                "random": _random.generator().bit_generator.state, "best": dict(self.best),
+                "random": self.generator.bit_generator.state, "best": dict(self.best),
                 "losses_since_eval": list(self.losses_since_eval)}
 
     def save(self, schedule, seconds: float) -> None:
@@ -229,7 +230,7 @@ class _Run:
         self.best_weights = saved_model.state_dict() if self.best["exact_match"] is not None else None
         self.losses_since_eval = [float(x) for x in state["losses_since_eval"]]
         self.schedule_state = state["schedule"]
-        _random.generator().bit_generator.state = state["random"]
+        self.generator.bit_generator.state = state["random"]
 
     # ------------------------------------------------------------ the loop
 
@@ -252,7 +253,7 @@ class _Run:
 
         patience = s["patience"]
         stopped_early = patience is not None and self.best["since"] >= patience     # a resumed run
-        with _interrupt_flag() as interrupted:
+        with _interrupt_flag() as interrupted, _random.using(self.generator):
             while self.step < steps and not stopped_early:
                 batch = next(batches)
                 lr = self.optimizer.lr
