@@ -305,3 +305,16 @@ def test_deferred_rows_are_summed_once_they_outgrow_the_gradient():
 def test_op_attributes_may_not_hide_the_ops_own_fields():
     with pytest.raises(TypeError, match=r"Mul: attribute names \['name'\] are taken"):
         ta.ops.Mul.apply(Tensor([1.0]), Tensor([2.0]), name="label")
+
+
+def test_a_failed_backward_writes_no_gradient():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    first = (x * x).sum()
+    first.backward()                                  # frees the saved buffers of x * x
+    before = x.grad.numpy().copy()
+    w = Tensor([3.0, 4.0], requires_grad=True)
+    both = first * 2.0 + (w * 3.0).sum()               # w's branch is reached before the freed one
+    with pytest.raises(RuntimeError, match="were freed by an earlier backward"):
+        both.backward()
+    assert w.grad is None
+    np.testing.assert_array_equal(x.grad.numpy(), before)

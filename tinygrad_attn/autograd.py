@@ -475,6 +475,10 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
 
     ``grad`` is the upstream gradient (same shape as root); it may be omitted only for a
     tensor with one element.  Saved buffers are freed unless ``retain_graph`` is True.
+
+    All or nothing: the gradients are written into ``.grad`` only once the whole pass has
+    succeeded, so a backward that fails (a freed graph, an anomaly) leaves every ``.grad``
+    as it was (the saved buffers of the ops it got through are freed all the same).
     """
     if not root.requires_grad:
         raise RuntimeError(
@@ -500,6 +504,7 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
     # hands the same dy to both inputs), so the first sum always makes a new one.
     owned: set[int] = set()
     anomaly = _state.anomaly
+    finished: list[tuple[Any, Any]] = []          # (tensor, its gradient), written at the end
     for t in toposort(root):
         g = grads.pop(id(t), None)
         if g is None:
@@ -508,7 +513,7 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
             g = g.value()
         node = t.node
         if node is None or t._retains_grad:
-            t._accumulate_grad(g)
+            finished.append((t, g))
         if node is None:
             continue
         op = node.op
@@ -538,6 +543,8 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
         if not retain_graph:
             op.saved = ()
             op.freed = True
+    for t, g in finished:
+        t._accumulate_grad(g)
 
 
 def _check_finite(node: Node, input_grads) -> None:
