@@ -367,3 +367,14 @@ def test_bahdanau_step_refuses_other_models(change):
     model = ta.models.Seq2Seq(7, 7, embed=3, hidden=4, **config)
     with pytest.raises(ValueError, match="BahdanauStep.from_seq2seq: needs a model with"):
         ta.models.BahdanauStep.from_seq2seq(model)
+
+
+def test_a_source_row_of_only_padding_decodes_from_nothing():
+    ta.manual_seed(3)
+    model = ta.models.Seq2Seq(V, V, embed=4, hidden=6, attention="additive", bidirectional=True)
+    src = np.array([[4, 5, 6], [0, 0, 0], [0, 0, 0]])
+    ids, weights = model.greedy(src, max_len=5)
+    np.testing.assert_array_equal(ids[1], ids[2])                   # the same output for every such row
+    assert not weights[1].any() and not weights[2].any()            # nothing to attend to
+    alone, _ = model.greedy(src[1:2], max_len=5)
+    np.testing.assert_array_equal(alone[0, : ids.shape[1]], ids[1, : alone.shape[1]])

@@ -293,6 +293,11 @@ class Seq2Seq(nn.Module):
             row that reached ``max_len`` has no ``<end>``); weights (B, L, S) float numpy, the
             attention of each produced token, zeros after ``<end>``, or None without
             attention).  ``<pad>`` and ``<start>`` are never produced.
+
+        A row of ``src`` that is all padding has no source: the encoder leaves its state at
+        zero, attention gives every position weight 0 and a zero context (as for any fully
+        masked row), and the decoder produces what it would with nothing to read, the same
+        output for every such row.
         """
         src = _ids(src, "src")
         _check_positive(max_len, "max_len", "greedy")
