@@ -128,8 +128,8 @@ class Drawing(graphviz.Digraph):
     nodes = edges = boxes = 0
 
 
-# Past this many nodes dot takes minutes (2,000 nodes drew in 3 s here, 5,000 in 20 s,
-# 20,000 had not finished after 190 s): render collapses a tensor's unrolls first, then refuses.
+# Past this many nodes dot's layout, about quadratic in the nodes, runs into minutes: render
+# collapses a tensor's unrolls first, then refuses.
 RENDER_MAX_NODES = 2000
 
 
