@@ -28,6 +28,7 @@ Node ids are ``n<k>`` with ``k`` the tensor's position in ``ta.viz.summary``'s l
 from __future__ import annotations
 
 import fnmatch
+import functools
 import re
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -278,8 +279,10 @@ def _parse_collapse(collapse) -> tuple[int | None, tuple[str, ...]]:
 # ---------------------------------------------------------------- reading the records
 
 
+@functools.lru_cache(maxsize=4096)
 def _step_of(scope: str) -> tuple[str, int] | None:
-    """The unroll a scope belongs to and its step: "decoder/t3/attention" -> ("decoder", 3)."""
+    """The unroll a scope belongs to and its step: "decoder/t3/attention" -> ("decoder", 3).
+    Cached: a long unroll asks about the same few thousand scopes again and again."""
     parts = scope.split("/")
     for i, part in enumerate(parts):
         match = _STEP.fullmatch(part)
@@ -350,6 +353,7 @@ class _Drawing:
         if backward:
             self.order = [t for t in self.order if t.requires_grad]
         self.consumers: dict[int, list] = {id(t): [] for t in self.order}
+        self.first_use: dict[int, str] = {}
         for t in self.order:
             if t.node is not None:
                 for inp in t.node.inputs:
@@ -669,12 +673,16 @@ class _Drawing:
                     row.edge(left, right, style="invis")
 
     def _first_use(self, t) -> str:
-        """The DOT node of a tensor's earliest consumer: lowest time step, then first made."""
-        def when(user):
-            step = _step_of(user.node.scope)
-            return (step[1] if step else -1, self.index[id(user)])
+        """The DOT node of a tensor's earliest consumer: lowest time step, then first made.
+        Kept per tensor: every edge from a weight asks, and a weight has a consumer per step."""
+        first = self.first_use.get(id(t))
+        if first is None:
+            def when(user):
+                step = _step_of(user.node.scope)
+                return (step[1] if step else -1, self.index[id(user)])
 
-        return self.rep[id(min(self.consumers[id(t)], key=when))]
+            first = self.first_use[id(t)] = self.rep[id(min(self.consumers[id(t)], key=when))]
+        return first
 
     def _write_attention_edges(self, g) -> None:
         for t in self.order:
