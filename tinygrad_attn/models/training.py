@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from numbers import Real
 from pathlib import Path
 
 import numpy as np
@@ -129,9 +130,9 @@ def _settings(task, steps, batch_size, lr, clip, seed, eval_every, patience, sch
                              ("warmup", warmup, 0), ("bucket", bucket, 1)):
         if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
             raise ValueError(f"train: {name} must be an int >= {low}, got {value!r}")
-    if not isinstance(lr, int | float) or not math.isfinite(lr) or lr <= 0:
+    if isinstance(lr, bool) or not isinstance(lr, Real) or not math.isfinite(lr) or lr <= 0:
         raise ValueError(f"train: lr must be a finite number > 0, got {lr!r}")
-    if clip is not None and (not isinstance(clip, int | float) or not math.isfinite(clip) or clip <= 0):
+    if clip is not None and (not isinstance(clip, Real) or not math.isfinite(clip) or clip <= 0):
         raise ValueError(f"train: clip must be a finite number > 0 or None, got {clip!r}")
     if schedule not in SCHEDULES:
         raise ValueError(f"train: schedule must be one of {list(SCHEDULES)}, got {schedule!r}")
