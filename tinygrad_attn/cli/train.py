@@ -171,9 +171,9 @@ def run_train(args) -> int:
     settings = {name: getattr(args, name) if getattr(args, name) is not None else DEFAULTS[name]
                 for name in DEFAULTS}
     source = _source_of(args)
+    task = task_from_source(source)              # bad data fails before anything is created
     out = writable(Path(args.out or f"checkpoints/{source.get('task') or Path(source['data']).stem}-"
                                     f"{settings['cell']}-{settings['attention']}.ckpt"))
-    task = task_from_source(source)
     threads = set_threads(args.threads)
     ta.manual_seed(settings["seed"])
     attention = None if settings["attention"] == "none" else settings["attention"]
@@ -202,8 +202,8 @@ def _resume(args) -> int:
     files = (source.get("data"), source.get("valid"), source.get("test"))
     if "digest" in source and _digest(*files) != source["digest"]:
         raise UsageError(f"the data files of {args.resume} ({source['data']}) changed since the run started")
-    out = writable(Path(args.out or args.resume))
     task = task_from_source(source)
+    out = writable(Path(args.out or args.resume))
     if out.resolve() != Path(args.resume).resolve():
         _copy_run(Path(args.resume), out)
     threads = set_threads(args.threads)
