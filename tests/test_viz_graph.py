@@ -538,3 +538,21 @@ def test_graph_counts_what_it_draws():
     assert digraph.nodes == len(re.findall(r"^\s*\w+ \[label=", digraph.source, re.M))
     assert digraph.edges == len(re.findall(r"^\s*\w+ -> \w+", digraph.source, re.M))
     assert digraph.boxes == digraph.source.count("subgraph ")
+
+
+def test_pictures_follow_the_scope_names_the_engine_exports(monkeypatch):
+    from tinygrad_attn import scopes
+
+    def attention_clusters(source):
+        return re.findall(r'fillcolor="#fbe3e8"[^\n]*label="([^"]*)"', source)
+
+    *_, loss = seq2seq_loss(S=3, T=2)
+    before = viz.graph(loss, attention_edges=True).source
+    assert any(label.startswith("attention") for label in attention_clusters(before))
+    monkeypatch.setattr(scopes, "ATTENTION", "look")                  # the model records "look" now
+    monkeypatch.setitem(ta.attention.SCOPES, "additive", "scores")     # and the mechanism "scores"
+    *_, loss = seq2seq_loss(S=3, T=2)
+    after = viz.graph(loss, attention_edges=True).source
+    labels = attention_clusters(after)
+    assert labels and all(label == "look / scores" for label in labels)
+    assert after.count("style=dashed") == before.count("style=dashed") > 0     # the weights still found

@@ -37,6 +37,8 @@ from pathlib import Path
 import graphviz
 import numpy as np
 
+from tinygrad_attn import attention as _attention
+from tinygrad_attn import scopes as _scopes
 from tinygrad_attn.nn import Parameter
 from tinygrad_attn.serialize import atomic_file
 from tinygrad_attn.tensor import Tensor
@@ -751,20 +753,26 @@ def _weights_row(t) -> np.ndarray:
     return weights.reshape(-1, weights.shape[-1]).mean(axis=0)
 
 
+def _attention_scopes() -> set[str]:
+    """The scope names attention is recorded under: a decoder's, and each mechanism's own.
+    Read at each call, so a renamed scope is drawn as what it is."""
+    return {_scopes.ATTENTION, *_attention.SCOPES.values()}
+
+
 def _is_attention_weights(t) -> bool:
     return (t.node is not None and t.node.op_name in ("MaskedSoftmax", "Softmax")
-            and "attention" in t.node.scope)
+            and not _attention_scopes().isdisjoint(t.node.scope.split("/")))
 
 
 def _scope_kind(path: str) -> str:
-    last = path.rsplit("/", 1)[-1]
-    if "attention" in last:
+    parts = path.split("/")
+    if parts[-1] in _attention_scopes():
         return "attention"
-    if _STEP.match(last) or last == "reverse":
+    if _STEP.match(parts[-1]) or parts[-1] == _scopes.REVERSE:
         return "step"
-    if "encoder" in path.split("/")[0]:
+    if parts[0] == _scopes.ENCODER:
         return "encoder"
-    return "decoder" if "decoder" in path.split("/")[0] else "step"
+    return "decoder" if parts[0] == _scopes.DECODER else "step"
 
 
 def _sibling_key(path: str, cluster: _Cluster):

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import nn
+from .. import nn, scopes
 from ..autograd import ShapeError, no_grad, scope
 from ..functional import cross_entropy
 from ..tensor import Tensor, cat
@@ -163,12 +163,12 @@ class Seq2Seq(nn.Module):
             return self._luong_teacher_forced(tgt_in, memory)
         states, tops, contexts, weights = memory.states, [], [], []
         for t in range(tgt_in.shape[1]):
-            with scope("decoder"), scope(f"t{t}"):
+            with scope(scopes.DECODER), scope(scopes.step(t)):
                 top, context, weight, states = self._step(tgt_in[:, t : t + 1], states, memory)
             tops.append(top)
             contexts.append(context)
             weights.append(weight)
-        with scope("decoder"):
+        with scope(scopes.DECODER):
             # The output layer runs once on every step's features, not once per step.
             tops = cat(tops, axis=1)                                             # (B, T, H)
             if self.attention_kind is None:
@@ -183,14 +183,14 @@ class Seq2Seq(nn.Module):
         return cross_entropy(logits, _ids(tgt_out, "tgt_out"), ignore_index=PAD)
 
     def _luong_teacher_forced(self, tgt_in: np.ndarray, memory: Memory):
-        with scope("decoder"):
+        with scope(scopes.DECODER):
             inputs = []
             for t in range(tgt_in.shape[1]):
-                with scope(f"t{t}"):
+                with scope(scopes.step(t)):
                     inputs.append(self.drop(self.tgt_embed(tgt_in[:, t : t + 1])))   # (B, 1, E)
             outputs, _ = self.decoder.unroll(inputs, memory.states)
             tops = cat(outputs, axis=1)                                          # (B, T, H)
-            with scope("attention"):
+            with scope(scopes.ATTENTION):
                 context, weights = self._attend(tops, memory)                    # (B, T, K), (B, T, S)
                 features = self._readout(tops, context)                          # (B, T, H)
             logits = self.out(self.drop(features))                               # (B, T, V)
@@ -206,10 +206,10 @@ class Seq2Seq(nn.Module):
         """
         src = _ids(src, "src")
         mask = src != PAD
-        with scope("encoder"):
+        with scope(scopes.ENCODER):
             inputs = []
             for t in range(src.shape[1]):
-                with scope(f"t{t}"):          # the embedding joins its step's box in drawings
+                with scope(scopes.step(t)):          # the embedding joins its step's box in drawings
                     inputs.append(self.drop(self.src_embed(src[:, t : t + 1])))  # (B, 1, E)
             outputs, finals = self.encoder.unroll(inputs, mask=mask)             # S x (B, 1, K)
             keys = cat(outputs, axis=1) if self.attention_kind is not None else None   # (B, S, K)
@@ -260,12 +260,12 @@ class Seq2Seq(nn.Module):
             top, states = self.decoder.step(y, states)
             return top, None, None, states
         if self.style == "bahdanau":
-            with scope("attention"):
+            with scope(scopes.ATTENTION):
                 context, weights = self._attend(self._top(states), memory)        # s_{i-1} scores
             top, states = self.decoder.step((y, context), states)   # [y; c] in, (B, 1, H) out
             return top, context, weights, states
         top, states = self.decoder.step(y, states)                               # (B, 1, H)
-        with scope("attention"):
+        with scope(scopes.ATTENTION):
             context, weights = self._attend(top, memory)                          # s_i scores
         return top, context, weights, states
 
@@ -308,7 +308,7 @@ class Seq2Seq(nn.Module):
             done = np.zeros(batch, dtype=bool)
             states, ids, weights = memory.states, [], []
             for t in range(max_len):
-                with scope("decoder"), scope(f"t{t}"):
+                with scope(scopes.DECODER), scope(scopes.step(t)):
                     top, context, weight, states = self._step(y[:, None], states, memory)
                     log_probs = self._log_probs(top, context)                    # (B, V)
                 y = np.where(done, PAD, log_probs.argmax(axis=-1)).astype(np.int64)
@@ -376,7 +376,7 @@ class Seq2Seq(nn.Module):
             live = len(tokens)
             y = np.array([hyp[-1] if hyp else START for hyp in tokens], dtype=np.int64)
             step_memory = _repeat(memory, live)
-            with scope("decoder"), scope(f"t{t}"):
+            with scope(scopes.DECODER), scope(scopes.step(t)):
                 top, context, weight, new_states = self._step(y[:, None], states, step_memory)
                 log_probs = self._log_probs(top, context)                            # (live, V)
             weight = np.zeros((live, source_len)) if weight is None else weight.numpy()[:, 0]

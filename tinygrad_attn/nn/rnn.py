@@ -17,6 +17,7 @@ from contextlib import nullcontext
 import numpy as np
 
 from .. import functional as F
+from .. import scopes
 from ..autograd import ShapeError, scope
 from ..tensor import Tensor, cat, stack, where
 from . import init
@@ -260,7 +261,7 @@ class _RNNBase(Module):
                 order = range(len(xs) - 1, -1, -1) if d == 1 else range(len(xs))
                 outs: list = [None] * len(xs)
                 for t in order:
-                    with scope(f"t{t}"), (scope("reverse") if d == 1 else nullcontext()):
+                    with scope(scopes.step(t)), (scope(scopes.REVERSE) if d == 1 else nullcontext()):
                         new = self._step(xs[t], state, weights)
                         outs[t], state = self._masked(new, state, keep[t])
                 directions.append(outs)

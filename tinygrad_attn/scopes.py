@@ -1,0 +1,32 @@
+"""The scope names the engine's models record, and that ``ta.viz`` draws by.
+
+A picture colours a box by what it holds (an encoder, a decoder, one time step, an attention
+call) and finds attention weights by the scope they were made in.  It reads these names, never
+substrings of them: rename a scope here and the pictures follow.
+
+    encoder/t3, encoder/t3/reverse, decoder/t2, decoder/t2/attention/additive_attention
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["ENCODER", "DECODER", "ATTENTION", "REVERSE", "step", "step_of"]
+
+ENCODER = "encoder"        # a Seq2Seq's encoder unroll
+DECODER = "decoder"        # its decoder unroll
+ATTENTION = "attention"    # where a decoder step attends (a mechanism's own scope sits inside)
+REVERSE = "reverse"        # the second direction of a bidirectional RNN's step
+
+_STEP = re.compile(r"t(\d+)")
+
+
+def step(t: int) -> str:
+    """The scope of time step ``t``: "t3"."""
+    return f"t{t}"
+
+
+def step_of(name: str) -> int | None:
+    """The time step a scope name is (``step_of("t3") == 3``), or None."""
+    match = _STEP.fullmatch(name)
+    return int(match.group(1)) if match else None
