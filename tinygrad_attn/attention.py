@@ -38,7 +38,7 @@ import numpy as np
 from . import functional
 from .autograd import DTypeError, ShapeError, scope
 from .ops import AdditiveScores, MaskedSoftmax, ScaledDotProduct
-from .ops._common import batch_shape, broadcasts_to
+from .shapes import batch_shape, broadcasts_to
 from .tensor import Tensor
 
 __all__ = [

@@ -259,7 +259,7 @@ class Op:
         if record:
             op.needs_grad = needs_grad
         data = op.forward(*[t.data for t in inputs])
-        out = (_TENSOR or _tensor_class())._make(data, backend, record)
+        out = _output_type._make(data, backend, record)
         if record:
             where = _user_frame() if _state.anomaly else None
             out.node = Node(op, inputs, current_scope(), where)
@@ -285,17 +285,16 @@ def _short(value) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-_TENSOR = None
+# The class of the tensors ops return.  tensor.py names it (``use_tensor_type``) when it
+# defines Tensor, so this module imports nothing of the package: imports flow one way,
+# tensor -> autograd.
+_output_type: Any = None
 
 
-def _tensor_class():
-    # tensor.py imports this module, so the Tensor class is looked up on first use.
-    global _TENSOR
-    if _TENSOR is None:
-        from .tensor import Tensor
-
-        _TENSOR = Tensor
-    return _TENSOR
+def use_tensor_type(tensor_type) -> None:
+    """Make ``Op.apply`` return ``tensor_type`` (it needs a ``_make(data, backend, record)``)."""
+    global _output_type
+    _output_type = tensor_type
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))

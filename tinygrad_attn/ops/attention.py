@@ -14,10 +14,9 @@ import math
 import numpy as np
 
 from ..autograd import DeferredGrad, Example, Op, register
+from ..shapes import batch_shape, broadcasts_to
 from ._common import (
-    batch_shape,
     broadcast_shape,
-    broadcasts_to,
     check_bool,
     check_float,
     check_same_dtype,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd import DeferredGrad, Example, Op, register
-from ._common import batch_shape, check_float, check_same_dtype, uniform
+from ..shapes import batch_shape
+from ._common import check_float, check_same_dtype, uniform
 
 
 def _matmul_flat(k, a, b):

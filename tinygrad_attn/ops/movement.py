@@ -8,7 +8,8 @@ import math
 import numpy as np
 
 from ..autograd import Example, Op, register
-from ._common import broadcasts_to, check_same_dtype, normalize_axis, uniform
+from ..shapes import broadcasts_to
+from ._common import check_same_dtype, normalize_axis, uniform
 
 
 @register
