@@ -147,6 +147,32 @@ def check_twin(engine, model, task) -> None:
     print(f"the torch twin's loss equals the engine's on a validation batch: {theirs:.6f} / {mine:.6f}")
 
 
+def plot(engine_log: Path, torch_log: list[dict], path: Path) -> None:
+    """Validation WER against training minutes, the engine's run and torch's."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")        # no display needed: the figure only goes to a file
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no curves.png")
+        return
+    engine = [json.loads(line) for line in engine_log.read_text().splitlines()]
+    figure, axes = plt.subplots(figsize=(5.5, 3.5))
+    axes.plot([e["seconds"] / 60 for e in engine], [1 - e["valid_exact_match"] for e in engine], marker=".",
+              label="tinygrad_attn")
+    axes.plot([e["minutes"] for e in torch_log], [e["valid_wer"] for e in torch_log], marker=".",
+              label="PyTorch eager")
+    axes.set_xlabel("training time (minutes)")
+    axes.set_ylabel("validation WER (greedy)")
+    axes.set_title("CMUdict g2p, the same GRU + additive attention")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    print(f"wrote {path}")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=60.0)
@@ -222,6 +248,7 @@ def main(argv=None) -> None:
     print(f"torch: {step} steps in {trained / 60:.1f} min; test, greedy: WER {result['wer']:.2%}, "
           f"PER {result['per']:.2%} ({metrics['n']} words)")
     if engine_file.exists() and not args.quick:
+        plot(ta.models.log_path(Path(args.engine) / "additive.ckpt"), log, out / "curves.png")
         mine = json.loads(engine_file.read_text())["results"][0]
         ratio = mine["greedy"]["wer"] / result["wer"] if result["wer"] else math.nan
         print(f"engine: {mine['steps']} steps in {mine['train_seconds'] / 60:.1f} min; test, greedy: "

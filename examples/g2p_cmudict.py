@@ -128,7 +128,7 @@ def table(results: list[dict], beam: int) -> str:
     return "\n".join(rows)
 
 
-def plot(out: Path, kinds: list[str]) -> None:
+def plot(out: Path, kinds: list[str], threads: int) -> None:
     """Validation WER against training minutes, one line per run, from the runs' logs."""
     try:
         import matplotlib
@@ -144,7 +144,7 @@ def plot(out: Path, kinds: list[str]) -> None:
         lines = [json.loads(line) for line in log.read_text().splitlines()]
         minutes = [line["seconds"] / 60 for line in lines]
         axes.plot(minutes, [1 - line["valid_exact_match"] for line in lines], marker=".", label=kind)
-    axes.set_xlabel("training time (minutes, 2-core CPU)")
+    axes.set_xlabel(f"training time (minutes, {threads} thread(s))")
     axes.set_ylabel("validation WER (greedy)")
     axes.set_title("CMUdict g2p, GRU encoder-decoder")
     axes.legend()
@@ -171,7 +171,7 @@ def main(argv=None) -> list[dict]:
     text = table(results, args.beam)
     (out / "results.md").write_text(text + "\n")
     print("\n" + text)
-    plot(out, args.attention)
+    plot(out, args.attention, args.threads)
     return results
 
 
