@@ -318,3 +318,112 @@ def test_a_failed_backward_writes_no_gradient():
         both.backward()
     assert w.grad is None
     np.testing.assert_array_equal(x.grad.numpy(), before)
+
+
+# ---------------------------------------------------------------- in-place changes
+
+
+def test_a_leaf_changed_through_data_after_forward_refuses_backward():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    y = (x * x).sum()
+    x.data[:] = 10                                  # the values Mul saved are gone
+    with pytest.raises(RuntimeError, match=r"input 0 .* of Mul was changed in place .*version 0, now 1"):
+        y.backward()
+    assert x.grad is None
+
+
+def test_numpy_of_a_saved_output_is_read_only_and_backward_stays_right():
+    x = Tensor([0.5, -1.0], requires_grad=True, dtype="float64")
+    y = x.tanh()
+    s = y.sum()
+    with pytest.raises(ValueError, match="read-only"):
+        y.numpy()[:] = 0
+    own = y.numpy().copy()
+    own[:] = 0                                      # a copy is the caller's to change
+    s.backward()
+    np.testing.assert_allclose(x.grad.numpy(), 1 - np.tanh([0.5, -1.0]) ** 2, rtol=1e-12)
+
+
+def test_an_output_changed_through_data_refuses_backward():
+    x = Tensor([0.5, -1.0], requires_grad=True)
+    y = x.tanh()
+    y.data[:] = 0                                   # Tanh's gradient reads its output
+    with pytest.raises(RuntimeError, match=r"its output \(shape \(2,\)\) of Tanh"):
+        y.backward(np.ones(2))
+    s = x.tanh().sum()
+    _ = s.data                                      # handing the array out counts as a change
+    with pytest.raises(RuntimeError, match=r"its output \(shape \(\)\) of Sum"):
+        s.backward()
+
+
+def test_a_constant_saved_for_a_weights_gradient_is_guarded_too():
+    w = Tensor(np.ones((2, 3)), requires_grad=True, name="w")
+    c = Tensor(np.arange(4.0).reshape(2, 2))
+    out = (c @ w).sum()
+    c.data[0, 0] = 7.0
+    with pytest.raises(RuntimeError, match=r"input 0 \(shape \(2, 2\)\) of MatMul"):
+        out.backward()
+
+
+@pytest.mark.parametrize("alias", ["reshape", "reshape twice", "detach"])
+def test_views_and_detach_share_the_version(alias):
+    x = Tensor(np.arange(1.0, 5.0), requires_grad=True)
+    y = (x * x).sum()
+    other = {"reshape": lambda: x.reshape(2, 2), "reshape twice": lambda: x.reshape(2, 2).reshape(4, 1),
+             "detach": lambda: x.detach()}[alias]()
+    assert np.shares_memory(other.numpy(), x.numpy())
+    other.data[...] = 0.0                           # writes x's memory
+    with pytest.raises(RuntimeError, match="changed in place"):
+        y.backward()
+
+
+def test_indexing_copies_so_changing_the_copy_leaves_the_graph_right():
+    x = Tensor(np.arange(1.0, 5.0), requires_grad=True)
+    y = (x * x).sum()
+    part = x[1:3]
+    assert not np.shares_memory(part.numpy(), x.numpy())
+    part.data[...] = 0.0
+    y.backward()
+    np.testing.assert_allclose(x.grad.numpy(), 2 * np.arange(1.0, 5.0))
+
+
+def test_a_view_made_before_the_change_is_guarded_through_its_base():
+    x = Tensor(np.arange(1.0, 5.0), requires_grad=True)
+    v = x.reshape(2, 2)
+    y = (v * v).sum()
+    x.data[0] = 9.0
+    with pytest.raises(RuntimeError, match="of Mul was changed in place"):
+        y.backward()
+
+
+def test_an_optimizer_step_between_forward_and_backward_is_refused():
+    layer = ta.nn.Linear(3, 2)
+    opt = ta.optim.SGD(layer.parameters(), lr=0.1)
+    x = Tensor(np.ones((4, 3)))
+    layer(x).sum().backward()
+    loss = layer(x).sum()
+    opt.step()                                      # changes the weight this graph saw
+    with pytest.raises(RuntimeError, match="changed in place"):
+        loss.backward()
+
+
+def test_the_usual_update_after_backward_works_and_counts_as_a_change():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    for _ in range(3):
+        x.grad = None
+        (x * x).sum().backward()
+        before = x.version
+        x.data -= 0.25 * x.grad.data               # after backward: allowed
+        assert x.version > before
+    np.testing.assert_allclose(x.numpy(), [0.125, 0.25])
+
+
+def test_reading_with_numpy_is_free_and_every_cpu_array_is_read_only():
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    y = (x * x).sum()
+    for t in (x, y, Tensor([3, 4]), Tensor(5.0)):
+        assert not t.numpy().flags.writeable
+        assert not np.asarray(t).flags.writeable
+    assert x.version == 0
+    y.backward()
+    np.testing.assert_allclose(x.grad.numpy(), [2.0, 4.0])

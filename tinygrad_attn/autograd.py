@@ -258,8 +258,10 @@ class Op:
         record = _state.grad_enabled and True in needs_grad
         if record:
             op.needs_grad = needs_grad
-        data = op.forward(*[t.data for t in inputs])
+        data = op.forward(*[t._data for t in inputs])
         out = _output_type._make(data, backend, record)
+        if getattr(data, "base", None) is not None:
+            _share_version(out, inputs)
         if record:
             where = _user_frame() if _state.anomaly else None
             out.node = Node(op, inputs, current_scope(), where)
@@ -308,6 +310,18 @@ def _user_frame() -> str:
     return "unknown"
 
 
+def _share_version(out, inputs) -> None:
+    """``out``'s array is a view (a reshape, a slice): if it views an input's memory, the two
+    share one version count, so a change through either is seen by graphs that saved the
+    other."""
+    owner = out._data.base
+    for t in inputs:
+        data = t._data
+        if data is owner or getattr(data, "base", None) is owner:
+            out._version = t._version
+            return
+
+
 class Node:
     """What ``viz`` and ``check`` read about how a tensor was made.
 
@@ -316,15 +330,18 @@ class Node:
         inputs: the input tensors, in order.
         scope: the ``ta.scope`` path active when the op ran, e.g. ``"decoder/t2/attention"``.
         where: the creating line of user code (recorded only under ``detect_anomaly``).
+        versions: the inputs' version counts when the op ran (``Tensor.version``), which
+            ``backward`` checks: an op computes its gradient from the values it saw.
     """
 
-    __slots__ = ("op", "inputs", "scope", "where")
+    __slots__ = ("op", "inputs", "scope", "where", "versions")
 
     def __init__(self, op: Op, inputs: tuple, scope: str, where: str | None = None):
         self.op = op
         self.inputs = inputs
         self.scope = scope
         self.where = where
+        self.versions = tuple([t._version.count for t in inputs])
 
     @property
     def op_name(self) -> str:
@@ -522,6 +539,7 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
                 f"{' in ' + repr(node.scope) if node.scope else ''} were freed by an earlier "
                 f"backward(); pass retain_graph=True to the first call to backward twice"
             )
+        _check_versions(t, node)
         input_grads = op.backward(g)
         if len(input_grads) != len(node.inputs):
             raise RuntimeError(f"{op.name}.backward returned {len(input_grads)} gradients "
@@ -531,7 +549,7 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
         for inp, gi in zip(node.inputs, input_grads, strict=True):
             if gi is None or not inp.requires_grad:
                 continue
-            if gi.shape != inp.data.shape:
+            if gi.shape != inp._data.shape:
                 raise RuntimeError(f"{op.name}.backward returned a gradient of shape "
                                    f"{tuple(gi.shape)} for an input of shape {inp.shape}")
             key = id(inp)
@@ -544,6 +562,36 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
             op.freed = True
     for t, g in finished:
         t._accumulate_grad(g)
+
+
+def _check_versions(t, node: Node) -> None:
+    """Refuse to differentiate ``node`` if an input, or its output ``t``, changed in place
+    after the op ran: its saved values would no longer be the ones it computed with."""
+    # The output's own count: it may share an input's (a view), else it started at 0.
+    made = 0
+    for k, (inp, seen) in enumerate(zip(node.inputs, node.versions, strict=True)):
+        if inp._version is t._version:
+            made = seen
+        if inp._version.count != seen:
+            _changed(node, f"input {k} ({_describe(inp)})", seen, inp._version.count)
+    if t._version.count != made:
+        _changed(node, f"its output ({_describe(t)})", made, t._version.count)
+
+
+def _describe(t) -> str:
+    label = f"{t.name!r}, " if t.name else ""
+    return f"{label}shape {t.shape}"
+
+
+def _changed(node: Node, what: str, seen: int, now: int):
+    at = f" in {node.scope!r}" if node.scope else ""
+    raise RuntimeError(
+        f"backward(): {what} of {node.op.name}{at} was changed in place after {node.op.name} "
+        f"ran (version {seen}, now {now}), so its gradient would come from values it never "
+        f"saw. Change tensors only after backward() (an optimizer step does), or run the "
+        f"forward pass again; note that handing out .data counts as a change, .numpy() reads "
+        f"for free"
+    )
 
 
 def _check_finite(node: Node, input_grads) -> None:

@@ -70,6 +70,19 @@ def _resolve_dtype(dtype, data: np.ndarray) -> np.dtype:
     raise DTypeError(f"Tensor: cannot make a tensor from data of dtype {data.dtype}")
 
 
+class Version:
+    """A count of in-place changes, shared by a tensor and the views of its memory.
+
+    ``backward()`` compares it with the count each op recorded when it ran (PyTorch keeps a
+    version counter for the same reason).
+    """
+
+    __slots__ = ("count",)
+
+    def __init__(self):
+        self.count = 0
+
+
 class Tensor:
     """An n-dimensional array that records how it was computed, for reverse-mode autodiff.
 
@@ -89,7 +102,8 @@ class Tensor:
         array([[2., 4.]], dtype=float32)
     """
 
-    __slots__ = ("data", "backend", "requires_grad", "grad", "node", "name", "_retains_grad")
+    __slots__ = ("_data", "_version", "backend", "requires_grad", "grad", "node", "name",
+                 "_retains_grad")
     # Make numpy defer to Tensor's reflected operators: ndarray * Tensor -> Tensor.__rmul__.
     __array_ufunc__ = None
 
@@ -107,7 +121,8 @@ class Tensor:
             raise DTypeError(f"Tensor: only float tensors can require grad, got {resolved} "
                              f"of shape {array.shape}")
         self.backend = get_backend(device)
-        self.data = self.backend.asarray(np.array(array, dtype=resolved, copy=True), resolved)
+        self._data = self.backend.asarray(np.array(array, dtype=resolved, copy=True), resolved)
+        self._version = Version()
         self.requires_grad = bool(requires_grad)
         self.grad: Tensor | None = None
         self.node: Node | None = None
@@ -118,7 +133,8 @@ class Tensor:
     def _make(cls, data, backend, requires_grad: bool) -> Tensor:
         """Wrap an array an op produced on ``backend`` (no copy, no checks): the hot path."""
         t = object.__new__(cls)
-        t.data = data
+        t._data = data
+        t._version = Version()
         t.backend = backend
         t.requires_grad = requires_grad
         t.grad = None
@@ -130,12 +146,37 @@ class Tensor:
     # ------------------------------------------------------------ properties
 
     @property
+    def data(self):
+        """The raw array (numpy on the CPU devices, a device array on "cuda"), to change in
+        place: ``p.data -= lr * p.grad.data``.
+
+        Handing it out counts as a change of the values (the tensor's ``version`` goes up),
+        because nothing can see what is then written into it: a graph that saved this
+        tensor before refuses ``backward()`` with an error naming the op, instead of
+        computing gradients from the new values.  So change values after backward (as an
+        optimizer step does), and read them with ``.numpy()``, which is free of this rule.
+        """
+        self._version.count += 1
+        return self._data
+
+    @data.setter
+    def data(self, array) -> None:
+        self._version.count += 1
+        self._data = array
+
+    @property
+    def version(self) -> int:
+        """How many times this tensor's memory may have been changed in place (``.data``
+        handed out or assigned, an optimizer step); views and ``detach()`` share it."""
+        return self._version.count
+
+    @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(self.data.shape)
+        return tuple(self._data.shape)
 
     @property
     def dtype(self) -> np.dtype:
-        return self.data.dtype
+        return self._data.dtype
 
     @property
     def device(self) -> str:
@@ -143,11 +184,11 @@ class Tensor:
 
     @property
     def ndim(self) -> int:
-        return len(self.data.shape)
+        return len(self._data.shape)
 
     @property
     def size(self) -> int:
-        return math.prod(self.data.shape)
+        return math.prod(self._data.shape)
 
     @property
     def is_leaf(self) -> bool:
@@ -166,8 +207,22 @@ class Tensor:
     # ------------------------------------------------------------ conversion
 
     def numpy(self) -> np.ndarray:
-        """The values as a numpy array (shares memory on the CPU devices)."""
-        return self.backend.to_numpy(self.data)
+        """The values as a numpy array.
+
+        On the CPU devices it shares the tensor's memory and is read-only: a graph may have
+        saved these values for backward, and a write nobody sees would make its gradients
+        silently wrong.  Take ``.numpy().copy()`` for an array of your own, or change the
+        tensor through ``.data`` (see there).  On "cuda" it is a copy on the host.
+        """
+        array = self.backend.to_numpy(self._data)
+        if type(array) is not np.ndarray:
+            array = np.asarray(array)           # a full reduction's numpy scalar, as 0-d
+        elif array is self._data or array.base is not None:
+            array = array.view()
+        else:
+            return array                        # a copy from the device: the caller's
+        array.flags.writeable = False
+        return array
 
     def __array__(self, dtype=None, copy=None):
         array = self.numpy()
@@ -213,7 +268,7 @@ class Tensor:
             return self
         if dtype.kind == "f" and self.dtype.kind == "f":
             return Cast.apply(self, dtype=dtype.name)
-        return Tensor._make(self.backend.astype(self.data, dtype), self.backend, False)
+        return Tensor._make(self.backend.astype(self._data, dtype), self.backend, False)
 
     def float(self) -> Tensor:
         return self.astype(np.float32)
@@ -239,8 +294,10 @@ class Tensor:
         autograd.backward(self, grad, retain_graph)
 
     def detach(self) -> Tensor:
-        """The same values, cut from the graph (shares memory)."""
-        return Tensor._make(self.data, self.backend, False)
+        """The same values, cut from the graph (shares memory, and the version count)."""
+        out = Tensor._make(self._data, self.backend, False)
+        out._version = self._version
+        return out
 
     def retain_grad(self) -> Tensor:
         """Also keep ``.grad`` for this non-leaf tensor on backward (for inspection)."""
@@ -262,7 +319,7 @@ class Tensor:
             # Copy: one gradient array may be shared by several inputs (e.g. both sides of a+b).
             self.grad = Tensor._make(self.backend.copy(g), self.backend, False)
         else:
-            self.grad = Tensor._make(self.backend.add(self.grad.data, g), self.backend, False)
+            self.grad = Tensor._make(self.backend.add(self.grad._data, g), self.backend, False)
 
     # ------------------------------------------------------------ operand handling
 
@@ -335,7 +392,7 @@ class Tensor:
             raise autograd.DeviceError(f"{kernel}: inputs are on different devices ({self.device} "
                                        f"{self.shape}, {other.device} {other.shape}); move them "
                                        f"with .to(device) first")
-        return Tensor._make(getattr(self.backend, kernel)(self.data, other.data), self.backend, False)
+        return Tensor._make(getattr(self.backend, kernel)(self._data, other._data), self.backend, False)
 
     def __eq__(self, other):  # type: ignore[override]
         return self._compare(other, "eq")
