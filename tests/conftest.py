@@ -1,8 +1,11 @@
 """Shared fixtures: the devices every kernel must agree on, and hypothesis settings."""
 
+import shutil
+
 import pytest
 from hypothesis import settings
 
+from tests import optional
 from tinygrad_attn.compiler import available_devices, get_backend
 
 # Wall time is noisy on shared 2-core machines: hypothesis must never fail on a deadline.
@@ -19,3 +22,17 @@ def device(request):
 @pytest.fixture
 def backend(device):
     return get_backend(device)
+
+
+@pytest.fixture
+def _torch_present():
+    """For ``optional.needs_torch``: skip without PyTorch (fail where extras are required)."""
+    if optional.torch is None:
+        optional.missing(optional.TORCH_REASON)
+
+
+@pytest.fixture
+def _dot_present():
+    """For ``optional.needs_dot``: skip without Graphviz's dot (fail where extras are required)."""
+    if shutil.which("dot") is None:
+        optional.missing(optional.DOT_REASON)

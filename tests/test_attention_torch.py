@@ -22,13 +22,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tinygrad_attn as ta
+from tests import optional
 from tests.strategies import arrays, broadcastable_to, masks
 from tinygrad_attn import Tensor
 
-torch = pytest.importorskip(
-    "torch",
-    reason="PyTorch not installed: the PyTorch reference tests need `pip install torch==2.13.0`",
-)
+torch = optional.module("torch", optional.TORCH_REASON)
 TF = torch.nn.functional
 
 RTOL, ATOL = 1e-8, 1e-10

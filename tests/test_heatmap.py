@@ -8,6 +8,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
+from tests import optional
 from tinygrad_attn import Tensor
 from tinygrad_attn.viz import heatmap
 
@@ -185,7 +186,7 @@ def test_heatmap_into_a_missing_folder_names_the_folder(tmp_path):
 
 @pytest.fixture
 def matplotlib():
-    return pytest.importorskip("matplotlib", reason="matplotlib (the plot extra) is not installed")
+    return optional.module("matplotlib", "matplotlib (the plot extra) is not installed")
 
 
 @pytest.mark.parametrize(("suffix", "magic"), [(".png", b"\x89PNG"), (".pdf", b"%PDF"), (".svg", b"<?xml")])

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import tinygrad_attn as ta
+from tests import optional
 from tinygrad_attn import Tensor, nn
 
 
@@ -111,7 +112,7 @@ def test_module_without_super_init_says_so():
 
 
 def test_linear_matches_torch():
-    torch = pytest.importorskip("torch", reason="PyTorch is the reference here")
+    torch = optional.module("torch", optional.TORCH_REASON)
     ref = torch.nn.Linear(4, 3).double()
     layer = nn.Linear(4, 3).double()
     layer.load_state_dict(ref.state_dict())

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tinygrad_attn as ta
-from tests.optional_torch import needs_torch, torch
+from tests.optional import needs_torch, torch
 from tinygrad_attn import Tensor, nn, optim
 from tinygrad_attn.compiler import available_devices
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import tinygrad_attn as ta
 import tinygrad_attn.functional as F
-from tests.optional_torch import needs_torch, torch
+from tests.optional import needs_torch, torch
 from tests.strategies import arrays
 from tinygrad_attn import Tensor
 from tinygrad_attn.compiler import available_devices, get_backend

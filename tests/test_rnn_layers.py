@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import tinygrad_attn as ta
-from tests.optional_torch import needs_torch, torch
+from tests.optional import needs_torch, torch
 from tinygrad_attn import Tensor, nn
 
 LAYERS = ["RNN", "GRU", "LSTM"]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import tinygrad_attn as ta
+from tests import optional
 from tinygrad_attn import nn
 from tinygrad_attn.functional import cross_entropy
 from tinygrad_attn.models.seq2seq import END, PAD, START
@@ -221,7 +222,7 @@ def _torch_reference(model, src, tgt_in, torch):
 
 @pytest.mark.parametrize("style,attention", [("bahdanau", "additive"), ("luong", "general")])
 def test_model_equals_the_papers_wiring_written_in_torch(style, attention):
-    torch = pytest.importorskip("torch", reason="PyTorch not installed: `pip install torch==2.13.0`")
+    torch = optional.module("torch", optional.TORCH_REASON)
     ta.manual_seed(5)
     model = ta.models.Seq2Seq(V, V, embed=4, hidden=6, attention=attention, style=style).double()
     src, tgt_in = _batch(np.random.default_rng(5))

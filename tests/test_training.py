@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tinygrad_attn as ta
-from tests.optional_torch import needs_torch, torch
+from tests.optional import needs_torch, torch
 from tinygrad_attn.models import training
 from tinygrad_attn.optim import ReduceLROnPlateau, WarmupCosine
 

@@ -2,7 +2,6 @@
 
 import re
 import resource
-import shutil
 import subprocess
 import sys
 import time
@@ -12,10 +11,10 @@ import numpy as np
 import pytest
 
 import tinygrad_attn as ta
+from tests import optional
 from tinygrad_attn import Tensor, nn, viz
 
-needs_dot = pytest.mark.skipif(shutil.which("dot") is None,
-                               reason="Graphviz's dot is not installed (make test installs it)")
+needs_dot = optional.needs_dot
 
 SVG = "{http://www.w3.org/2000/svg}"
 V = 9

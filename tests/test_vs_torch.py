@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tinygrad_attn as ta
+from tests import optional
 from tests.strategies import (
     arrays,
     broadcastable_shapes,
@@ -35,10 +36,7 @@ from tests.strategies import (
     shapes,
 )
 
-torch = pytest.importorskip(
-    "torch",
-    reason="PyTorch not installed: the PyTorch reference tests need `pip install torch==2.13.0`",
-)
+torch = optional.module("torch", optional.TORCH_REASON)
 TF = torch.nn.functional
 
 EXAMPLES = 25
