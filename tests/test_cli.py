@@ -6,7 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import tinygrad_attn as ta
@@ -133,22 +132,6 @@ def test_cli_translate_with_beam(copy_checkpoint, capsys):
     assert columns == ["a", "a", "b", "b"] and rows
 
 
-def test_format_attention_aligns_columns_and_adds_end_row():
-    weights = np.array([[0.9, 0.05, 0.05], [0.004, 0.996, 0.0]])
-    text = cli.format_attention(weights, ["ich", "liebe", "katzen"], ["i"])
-    assert text.splitlines() == [
-        "         ich  liebe katzen",
-        "i       0.90   0.05   0.05",
-        "<end>   0.00   1.00   0.00",
-    ]
-
-
-def test_format_attention_shows_spaces(monkeypatch):
-    text = cli.format_attention(np.array([[0.5, 0.5]]), ["3", " "], [])
-    header = text.splitlines()[0].split()
-    assert header[0] == "3" and header[1] in ("\u2423", "_")
-
-
 # ---------------------------------------------------------------- errors: one line, status 2
 
 
@@ -213,7 +196,7 @@ def test_cli_verify_passes_and_prints_both_reports(capsys):
 def test_cli_verify_fails_when_a_check_fails(monkeypatch, capsys):
     broken = Report("symbolic", "bahdanau_step_logit", error="ValueError: broken on purpose")
     monkeypatch.setattr(ta.check, "ops", lambda: OpsReport([]))
-    monkeypatch.setattr(cli.verify, "bahdanau_step_check", lambda: broken)
+    monkeypatch.setattr(ta.models.BahdanauStep, "verify", classmethod(lambda cls: broken))
     assert cli.main(["verify"]) == 1
     assert "verify: FAILED" in capsys.readouterr().out
 

@@ -10,7 +10,7 @@ import pytest
 
 from tests import optional
 from tinygrad_attn import Tensor
-from tinygrad_attn.viz import heatmap
+from tinygrad_attn.viz import format_attention, heatmap
 
 # viz.heatmap is the function; the module behind it is reached through sys.modules.
 module = importlib.import_module("tinygrad_attn.viz.heatmap")
@@ -214,3 +214,22 @@ def test_heatmap_matplotlib_names_the_formats_it_can_write(matplotlib, tmp_path)
     with pytest.raises(ValueError, match=r"^heatmap: matplotlib cannot write \.txt .*\.png"):
         heatmap(WEIGHTS, list("abcd"), list("xyz"), tmp_path / "attention.txt")
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- as text
+
+
+def test_format_attention_aligns_columns_and_adds_end_row():
+    weights = np.array([[0.9, 0.05, 0.05], [0.004, 0.996, 0.0]])
+    text = format_attention(weights, ["ich", "liebe", "katzen"], ["i"])
+    assert text.splitlines() == [
+        "         ich  liebe katzen",
+        "i       0.90   0.05   0.05",
+        "<end>   0.00   1.00   0.00",
+    ]
+
+
+def test_format_attention_shows_spaces(monkeypatch):
+    text = format_attention(np.array([[0.5, 0.5]]), ["3", " "], [])
+    header = text.splitlines()[0].split()
+    assert header[0] == "3" and header[1] in ("\u2423", "_")

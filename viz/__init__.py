@@ -7,6 +7,7 @@ inputs, scope); nothing in the engine imports this package.
     >>> print(viz.summary(loss))      # the graph as text, grouped by scope
     >>> viz.graph(loss)               # a graphviz.Digraph: displays as SVG in Jupyter
     >>> viz.render(loss, "loss.svg")  # or .png/.pdf (needs Graphviz's dot), .dot (source)
+    >>> print(viz.format_attention(weights, list("3 may"), list("05-03")))   # as text
 
 Loading this package also makes Jupyter show a tensor that has a graph as its picture
 (``notebook_display`` turns that off and on).
@@ -28,10 +29,10 @@ from .graph import (
     render,
 )
 from .heatmap import heatmap
-from .text import nodes, summary
+from .text import format_attention, nodes, row_labels, summary
 
-__all__ = ["heatmap", "nodes", "summary", "graph", "render", "Drawing", "notebook_display",
-           "GraphvizNotFound", "FORMATS", "MAX_VALUES", "RENDER_MAX_NODES", "NOTEBOOK_COLLAPSE_ABOVE",
-           "NOTEBOOK_MAX_NODES"]
+__all__ = ["heatmap", "format_attention", "row_labels", "nodes", "summary", "graph", "render", "Drawing",
+           "notebook_display", "GraphvizNotFound", "FORMATS", "MAX_VALUES", "RENDER_MAX_NODES",
+           "NOTEBOOK_COLLAPSE_ABOVE", "NOTEBOOK_MAX_NODES"]
 
 Tensor._graph_svg = staticmethod(_notebook_svg)

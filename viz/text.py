@@ -1,6 +1,9 @@
-"""The recorded graph as text: one line per tensor, in the order it was computed."""
+"""Text pictures: the recorded graph, one line per tensor in the order it was computed, and an
+attention matrix as aligned columns."""
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 
@@ -46,3 +49,41 @@ def summary(root) -> str:
     width = max(len(r[1]) for r in rows)
     lines = [f"{i:<5}{what:<{width}}  {shape:<16}{scope}".rstrip() for i, what, shape, scope in rows]
     return "\n".join(lines)
+
+
+def visible(token: str) -> str:
+    """A column label that shows up: a space becomes an open box (or _ where that can't print)."""
+    if token != " ":
+        return token
+    encoding = getattr(sys.stdout, "encoding", None) or "ascii"
+    try:
+        "\u2423".encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        return "_"
+    return "\u2423"
+
+
+def format_attention(weights: np.ndarray, src_tokens, out_tokens) -> str:
+    """The attention matrix as aligned text: one row per output token (``<end>`` after the
+    tokens when the decoder produced it), one column per source token, weights to 2 decimals.
+
+    Example:
+        >>> print(format_attention(attention, list("3 may"), list("05-03")))
+                 3    ␣    m    a    y
+        0     0.01 0.02 0.85 0.10 0.02
+        ...
+    """
+    weights = np.asarray(weights, dtype=np.float64)
+    rows = [visible(t) for t in row_labels(out_tokens, weights)]
+    columns = [visible(t) for t in src_tokens]
+    width = max([4] + [len(c) for c in columns])          # "0.00" is 4 wide
+    label = max([0] + [len(r) for r in rows])
+    lines = [" " * label + "".join(f" {c:>{width}}" for c in columns)]
+    for name, row in zip(rows, weights, strict=True):
+        lines.append(f"{name:<{label}}" + "".join(f" {w:>{width}.2f}" for w in row))
+    return "\n".join(lines)
+
+
+def row_labels(tokens, attention) -> list[str]:
+    """The output tokens, and ``<end>`` when the attention has a row for it."""
+    return list(tokens) + ["<end>"] * (attention.shape[0] - len(tokens))

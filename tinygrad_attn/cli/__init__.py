@@ -28,11 +28,10 @@ import warnings
 import tinygrad_attn as ta
 
 from . import bench, demo, evaluate, graph, train, translate, verify
-from .common import EXIT_OK, EXIT_USAGE, Parser, UsageError, format_attention, threads_restored
+from .common import EXIT_OK, EXIT_USAGE, Parser, UsageError, threads_restored
 from .demo import DEMO_DATES
-from .verify import bahdanau_step_check
 
-__all__ = ["main", "build_parser", "format_attention", "bahdanau_step_check", "DEMO_DATES"]
+__all__ = ["main", "build_parser", "DEMO_DATES"]
 
 COMMANDS = (demo, train, evaluate, translate, graph, verify, bench)
 

@@ -6,11 +6,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
 from contextlib import contextmanager
 from pathlib import Path
-
-import numpy as np
 
 import tinygrad_attn as ta
 
@@ -152,40 +149,7 @@ def writable(path: Path, flag: str = "--out") -> Path:
     return path
 
 
-# ---------------------------------------------------------------- checkpoints, sources, attention
-
-
-def visible(token: str) -> str:
-    """A column label that shows up: a space becomes an open box (or _ where that can't print)."""
-    if token != " ":
-        return token
-    encoding = getattr(sys.stdout, "encoding", None) or "ascii"
-    try:
-        "\u2423".encode(encoding)
-    except (UnicodeEncodeError, LookupError):
-        return "_"
-    return "\u2423"
-
-
-def format_attention(weights: np.ndarray, src_tokens, out_tokens) -> str:
-    """The attention matrix as aligned text: one row per output token (``<end>`` after the
-    tokens when the decoder produced it), one column per source token, weights to 2 decimals.
-
-    Example:
-        >>> print(format_attention(attention, list("3 may"), list("05-03")))
-                 3    ␣    m    a    y
-        0     0.01 0.02 0.85 0.10 0.02
-        ...
-    """
-    weights = np.asarray(weights, dtype=np.float64)
-    rows = [visible(t) for t in row_labels(out_tokens, weights)]
-    columns = [visible(t) for t in src_tokens]
-    width = max([4] + [len(c) for c in columns])          # "0.00" is 4 wide
-    label = max([0] + [len(r) for r in rows])
-    lines = [" " * label + "".join(f" {c:>{width}}" for c in columns)]
-    for name, row in zip(rows, weights, strict=True):
-        lines.append(f"{name:<{label}}" + "".join(f" {w:>{width}.2f}" for w in row))
-    return "\n".join(lines)
+# ---------------------------------------------------------------- checkpoints and sources
 
 
 def load_checkpoint(path: str):
@@ -218,8 +182,3 @@ def check_source(text: str, info) -> None:
     shown = "".join(known) if info.level == "char" else f"{len(known)} words"
     raise UsageError(f"{text!r} has {kind} the {info.name} model's source vocabulary lacks: "
                      f"{', '.join(repr(t) for t in missing)} (it knows: {shown})")
-
-
-def row_labels(tokens, attention) -> list[str]:
-    """The output tokens, and ``<end>`` when the attention has a row for it."""
-    return list(tokens) + ["<end>"] * (attention.shape[0] - len(tokens))

@@ -10,15 +10,12 @@ from .common import (
     EXIT_FAILED,
     EXIT_OK,
     add_threads,
-    format_attention,
     positive_float,
     positive_int,
-    row_labels,
     set_threads,
     writable_directory,
 )
 from .train import describe_training, fit
-from .verify import bahdanau_step_check
 
 
 def add_parser(commands) -> None:
@@ -93,7 +90,7 @@ def run(args) -> int:
     text, source, tokens, attention = shown
     print(f"\nattention while translating {text!r} (rows: output characters, columns: input "
           f"characters; each row sums to 1):")
-    print(format_attention(attention, source, tokens))
+    print(ta.viz.format_attention(attention, source, tokens))
 
     checkpoint = out_dir / "dates.ckpt"
     ta.models.save_checkpoint(checkpoint, model, task, step=len(history), metrics=metrics)
@@ -101,7 +98,7 @@ def run(args) -> int:
     _demo_drawings(model, task, shown, out_dir)
 
     print("\ngradients: one Bahdanau decoder step, every derivative against sympy's exact one")
-    report = bahdanau_step_check()
+    report = ta.models.BahdanauStep.verify()
     print(report)
 
     print("\nsummary:")
@@ -121,7 +118,7 @@ def _demo_drawings(model, task, shown, out_dir: Path) -> None:
     viz = ta.viz
     text, source, tokens, attention = shown
     path = out_dir / "attention.svg"
-    viz.heatmap(attention, source, row_labels(tokens, attention), path)
+    viz.heatmap(attention, source, viz.row_labels(tokens, attention), path)
     print(f"wrote the attention heatmap of {text!r} to {path}")
     # The graph of the loss on one short pair, scoped encoder/t*, decoder/t*/attention; the
     # first and last 2 steps of each unroll, so it stays readable.

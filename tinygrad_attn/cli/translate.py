@@ -13,10 +13,8 @@ from .common import (
     UsageError,
     add_threads,
     check_source,
-    format_attention,
     load_checkpoint,
     positive_int,
-    row_labels,
     set_threads,
 )
 
@@ -62,11 +60,11 @@ def run(args) -> int:
         if attention is None:
             print("(this model has no attention: its decoder sees only the encoder's final state)")
             continue
-        print(format_attention(attention, source, tokens))
+        print(ta.viz.format_attention(attention, source, tokens))
         if args.heatmap is not None:
             path = _heatmap_path(args.heatmap, index, len(args.texts))
             try:
-                ta.viz.heatmap(attention, source, row_labels(tokens, attention), path)
+                ta.viz.heatmap(attention, source, ta.viz.row_labels(tokens, attention), path)
             except (ImportError, ValueError, OSError) as err:       # messages start "heatmap:"
                 raise UsageError(str(err)) from None
             print(f"wrote the heatmap to {path}")

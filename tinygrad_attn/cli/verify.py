@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-
 import tinygrad_attn as ta
 
 from .common import EXIT_FAILED, EXIT_OK
@@ -21,26 +19,6 @@ def add_parser(commands) -> None:
     verify.set_defaults(run=run)
 
 
-def bahdanau_step_check():
-    """``ta.check.symbolic`` on one Bahdanau decoder step at E = H = S = 2, vocabulary 6,
-    batch 1, float64: every input and parameter's gradient against sympy's exact one.
-
-    The output checked is one logit: the whole step's 6 logits take sympy about 3 times
-    longer, and a whole 2-step seq2seq minutes (the expressions grow with every step).
-    """
-    ta.manual_seed(0)
-    step = ta.models.BahdanauStep(embed=2, hidden=2, vocab=6).double()
-    rng = np.random.default_rng(0)
-    y_prev = rng.standard_normal((1, 2))            # (B, E)
-    s_prev = rng.standard_normal((1, 2))            # (B, H)
-    keys = rng.standard_normal((1, 2, 2))           # (B, S, H)
-
-    def bahdanau_step_logit(y_prev, s_prev, keys):
-        return step(y_prev, s_prev, keys)[:, 3]
-
-    return ta.check.symbolic(bahdanau_step_logit, y_prev, s_prev, keys)
-
-
 def run(args) -> int:
     print("1. every registered op: sympy-exact derivative and central differences, float64")
     start = time.perf_counter()
@@ -49,7 +27,7 @@ def run(args) -> int:
     print(f"({time.perf_counter() - start:.1f} s)\n")
     print("2. one Bahdanau decoder step (additive attention + GRU cell + readout, E = H = S = 2, float64):")
     start = time.perf_counter()
-    step_report = bahdanau_step_check()
+    step_report = ta.models.BahdanauStep.verify()
     print(step_report)
     print(f"({time.perf_counter() - start:.1f} s)\n")
     passed = ops_report.ok and step_report.ok
