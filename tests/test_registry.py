@@ -1,9 +1,10 @@
 """Every registered op passes both checks: an op cannot be added unchecked."""
 
+import numpy as np
 import pytest
 
 import tinygrad_attn as ta
-from tinygrad_attn.autograd import registry
+from tinygrad_attn.autograd import DeferredGrad, registry
 
 OPS = sorted(registry)
 
@@ -34,3 +35,56 @@ def test_ops_report_lists_every_op():
     assert f"{len(OPS)} of {len(OPS)} ops pass both checks" in text
     for name in OPS:
         assert name in text
+
+
+# ---------------------------------------------------------------- the kernels each op names
+
+
+class _Recording:
+    """A backend that remembers which kernels were read from it."""
+
+    def __init__(self, backend):
+        self._backend, self.name, self.used = backend, backend.name, set()
+
+    def __getattr__(self, kernel):
+        fn = getattr(self._backend, kernel)
+        self.used.add(kernel)
+        return fn
+
+
+def _device_tables() -> dict[str, set]:
+    from tinygrad_attn.compiler import cuda, get_backend
+
+    # The cuda table is read from its module, which imports without a GPU (nothing compiles
+    # until a kernel is launched): what a GPU would run is checked on every machine.
+    return {"numpy": set(get_backend("numpy").kernel_names()),
+            "cpu": set(get_backend("cpu").kernel_names()), "cuda": set(cuda.KERNELS)}
+
+
+@pytest.mark.parametrize("name", OPS)
+def test_op_names_the_kernels_it_calls_and_every_device_provides_them(name):
+    from tinygrad_attn.compiler import get_backend
+
+    cls = registry[name]
+    assert cls.kernels, f"{name} names no kernels (its class attribute `kernels`)"
+    for device, table in _device_tables().items():
+        missing = sorted(set(cls.kernels) - table)
+        assert not missing, f"device {device!r} lacks {missing}, which {name} calls"
+    recording = _Recording(get_backend("numpy"))
+    for example in cls.examples():
+        op = cls(recording, **example.attrs)
+        arrays = [np.asarray(a) for a in example.inputs]
+        op.needs_grad = tuple(a.dtype.kind == "f" for a in arrays)
+        out = op.forward(*arrays)
+        for grad in op.backward(np.ones_like(np.asarray(out))):
+            if isinstance(grad, DeferredGrad):
+                grad.value()                     # a deferred gradient calls its kernel late
+    unnamed = sorted(recording.used - set(cls.kernels))
+    assert not unnamed, f"{name} calls kernels its `kernels` does not name: {unnamed}"
+    assert recording.used, f"{name}'s examples called no kernel"
+
+
+def test_a_kernel_an_op_does_not_name_is_caught(monkeypatch):
+    monkeypatch.setattr(registry["Tanh"], "kernels", ("tanh",))        # tanh_back left out
+    with pytest.raises(AssertionError, match=r"does not name: \['tanh_back'\]"):
+        test_op_names_the_kernels_it_calls_and_every_device_provides_them("Tanh")

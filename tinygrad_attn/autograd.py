@@ -199,6 +199,9 @@ class Op:
     """
 
     name: ClassVar[str]
+    # The backend kernels forward and backward call (``self.backend.<name>``): every device
+    # must provide them, and a test checks that an op calls no other.
+    kernels: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

@@ -35,6 +35,8 @@ class MaskedSoftmax(Op):
     The row maximum is subtracted before exp, so scores of 1e4 do not overflow.
     """
 
+    kernels = ("masked_softmax", "softmax_back", "zeros")
+
     @staticmethod
     def symbolic(sp, x, mask):
         x = np.asarray(x, dtype=object)
@@ -83,6 +85,9 @@ class AdditiveScores(Op):
     function with W split by columns.  Forward and backward work one query step at a time,
     so the (T_q, T_k, A) tensor of all pairs is never built.
     """
+
+    kernels = ("additive_scores", "additive_scores_back", "broadcast_to", "cat", "matmul",
+               "matmul_nt", "matmul_tn", "reshape", "sum_to")
 
     @staticmethod
     def symbolic(sp, s, W_q, k, v):
@@ -146,6 +151,8 @@ class ScaledDotProduct(Op):
     the weights from it, block by block, so memory stays that of q, k, v and o.  ``causal``
     forbids key j > query i.  A row with nothing to attend to gives o = 0 and no gradient.
     """
+
+    kernels = ("broadcast_to", "reshape", "sdpa", "sdpa_back", "sum_to", "zeros")
 
     @staticmethod
     def symbolic(sp, q, k, v, mask=None, scale=1.0, causal=False):

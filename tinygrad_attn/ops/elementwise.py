@@ -36,6 +36,8 @@ def _binary_examples(seed: int, low: float = -2.0, high: float = 2.0) -> list[Ex
 class Add(Op):
     """y = a + b"""
 
+    kernels = ("add", "sum_to")
+
     @staticmethod
     def symbolic(sp, a, b):
         return a + b
@@ -58,6 +60,8 @@ class Add(Op):
 class Sub(Op):
     """y = a - b"""
 
+    kernels = ("neg", "sub", "sum_to")
+
     @staticmethod
     def symbolic(sp, a, b):
         return a - b
@@ -79,6 +83,8 @@ class Sub(Op):
 @register
 class Mul(Op):
     """y = a * b"""
+
+    kernels = ("mul", "sum_to")
 
     @staticmethod
     def symbolic(sp, a, b):
@@ -104,6 +110,8 @@ class Mul(Op):
 @register
 class Div(Op):
     """y = a / b"""
+
+    kernels = ("div", "div_back_b", "sum_to")
 
     @staticmethod
     def symbolic(sp, a, b):
@@ -132,6 +140,8 @@ class Div(Op):
 @register
 class Pow(Op):
     """y = x ** p  (p a tensor, or a constant the Tensor methods wrap)."""
+
+    kernels = ("pow", "pow_back_base", "pow_back_exponent", "sum_to")
 
     @staticmethod
     def symbolic(sp, x, p):
@@ -167,6 +177,8 @@ def _unary_examples(seed: int, low: float = -2.0, high: float = 2.0) -> list[Exa
 class Neg(Op):
     """y = -x"""
 
+    kernels = ("neg",)
+
     @staticmethod
     def symbolic(sp, x):
         return -x
@@ -185,6 +197,8 @@ class Neg(Op):
 @register
 class Exp(Op):
     """y = exp(x)"""
+
+    kernels = ("exp", "mul")
 
     @staticmethod
     def symbolic(sp, x):
@@ -210,6 +224,8 @@ class Exp(Op):
 class Log(Op):
     """y = log(x)  (natural logarithm)"""
 
+    kernels = ("div", "log")
+
     @staticmethod
     def symbolic(sp, x):
         return elementwise(sp.log, x)
@@ -231,6 +247,8 @@ class Log(Op):
 @register
 class Tanh(Op):
     """y = tanh(x)"""
+
+    kernels = ("tanh", "tanh_back")
 
     @staticmethod
     def symbolic(sp, x):
@@ -256,6 +274,8 @@ class Tanh(Op):
 class Sigmoid(Op):
     """y = 1 / (1 + exp(-x))"""
 
+    kernels = ("sigmoid", "sigmoid_back")
+
     @staticmethod
     def symbolic(sp, x):
         return elementwise(lambda e: 1 / (1 + sp.exp(-e)), x)
@@ -278,6 +298,8 @@ class Sigmoid(Op):
 @register
 class Relu(Op):
     """y = max(x, 0)  (gradient 0 at x = 0, as in PyTorch)"""
+
+    kernels = ("relu", "relu_back")
 
     @staticmethod
     def symbolic(sp, x):
@@ -302,6 +324,8 @@ class Relu(Op):
 class LeakyRelu(Op):
     """y = x if x > 0 else negative_slope * x"""
 
+    kernels = ("leaky_relu", "leaky_relu_back")
+
     @staticmethod
     def symbolic(sp, x, negative_slope):
         slope = number(sp, negative_slope)
@@ -325,6 +349,8 @@ class LeakyRelu(Op):
 @register
 class Where(Op):
     """y = a where cond else b  (cond boolean, no gradient)"""
+
+    kernels = ("sum_to", "where", "zeros")
 
     @staticmethod
     def symbolic(sp, cond, a, b):
@@ -356,6 +382,8 @@ class Where(Op):
 class MaskedFill(Op):
     """y = value where mask else x  (mask boolean, broadcast to x's shape)"""
 
+    kernels = ("full", "where", "zeros")
+
     @staticmethod
     def symbolic(sp, x, mask, value):
         return np.where(mask, number(sp, value), x)
@@ -384,6 +412,8 @@ class MaskedFill(Op):
 @register
 class Cast(Op):
     """y = x converted to the float ``dtype`` (the gradient converts back)"""
+
+    kernels = ("astype",)
 
     @staticmethod
     def symbolic(sp, x, dtype):

@@ -23,6 +23,8 @@ class MatMul(Op):
     """y = a @ b: (..., n, k) @ (..., k, m) -> (..., n, m), batch axes broadcast;
     a 1-D a is a row (k,), a 1-D b a column (k,), and that axis is dropped from y."""
 
+    kernels = ("matmul", "matmul_nt", "matmul_tn", "reshape", "sum_to")
+
     @staticmethod
     def symbolic(sp, a, b):
         return np.matmul(np.asarray(a, dtype=object), np.asarray(b, dtype=object))
@@ -89,6 +91,8 @@ class Linear(Op):
     transposed copy of the weight per call), every leading axis of x is one GEMM's rows, and
     backward is three products: dx = dy W, dW = dy^T x, db = the rows of dy summed.
     """
+
+    kernels = ("add", "cat", "matmul", "matmul_nt", "matmul_tn", "reshape", "sum")
 
     @staticmethod
     def symbolic(sp, x, weight, bias=None):

@@ -16,6 +16,8 @@ from ._common import check_same_dtype, normalize_axis, uniform
 class Reshape(Op):
     """y = x viewed with a new ``shape`` (one entry may be -1)"""
 
+    kernels = ("reshape",)
+
     @staticmethod
     def symbolic(sp, x, shape):
         return np.reshape(x, shape)
@@ -50,6 +52,8 @@ class Reshape(Op):
 class Permute(Op):
     """y = x with its axes reordered: y.shape[i] = x.shape[axes[i]]"""
 
+    kernels = ("permute",)
+
     @staticmethod
     def symbolic(sp, x, axes):
         return np.transpose(x, axes)
@@ -76,6 +80,8 @@ class Permute(Op):
 class Expand(Op):
     """y = x broadcast to ``shape`` (size-1 axes repeat, new axes appear in front)"""
 
+    kernels = ("broadcast_to", "sum_to")
+
     @staticmethod
     def symbolic(sp, x, shape):
         return np.broadcast_to(x, shape)
@@ -101,6 +107,8 @@ class Expand(Op):
 @register
 class GetItem(Op):
     """y = x[index]  (ints, slices, None, Ellipsis, integer and boolean arrays)"""
+
+    kernels = ("getitem", "getitem_back")
 
     @staticmethod
     def symbolic(sp, x, index):
@@ -155,6 +163,8 @@ def _check_pieces(op, xs, axis: int, same_shape: bool) -> None:
 class Cat(Op):
     """y = concatenation of the inputs along ``axis``"""
 
+    kernels = ("cat", "split")
+
     @staticmethod
     def symbolic(sp, *xs, axis):
         return np.concatenate([np.asarray(x, dtype=object) for x in xs], axis=axis)
@@ -179,6 +189,8 @@ class Cat(Op):
 @register
 class Stack(Op):
     """y = the inputs stacked along a new ``axis``"""
+
+    kernels = ("reshape", "split", "stack")
 
     @staticmethod
     def symbolic(sp, *xs, axis):

@@ -33,6 +33,8 @@ def _symbolic_log_softmax(sp, x, axis):
 class Softmax(Op):
     """y_i = exp(x_i) / sum_j exp(x_j) along ``axis``"""
 
+    kernels = ("softmax", "softmax_back", "zeros")
+
     @staticmethod
     def symbolic(sp, x, axis):
         e = elementwise(sp.exp, np.asarray(x, dtype=object))
@@ -59,6 +61,8 @@ class Softmax(Op):
 @register
 class LogSoftmax(Op):
     """y_i = x_i - log sum_j exp(x_j) along ``axis``"""
+
+    kernels = ("log_softmax", "log_softmax_back", "zeros")
 
     @staticmethod
     def symbolic(sp, x, axis):
@@ -169,6 +173,9 @@ class CrossEntropy(Op):
     rows that are not ignored.
     """
 
+    kernels = ("broadcast_to", "cross_entropy", "cross_entropy_back", "div", "full", "reshape",
+               "sum", "to_numpy")
+
     @staticmethod
     def symbolic(sp, logits, target, ignore_index, reduction):
         return _symbolic_nll(sp, _symbolic_log_softmax(sp, logits, -1), target, ignore_index,
@@ -195,6 +202,9 @@ class CrossEntropy(Op):
 @register
 class NLLLoss(Op):
     """loss = -logp[target] for log-probabilities ``logp``, classes on the last axis."""
+
+    kernels = ("broadcast_to", "div", "full", "nll_loss", "nll_loss_back", "reshape", "sum",
+               "to_numpy")
 
     @staticmethod
     def symbolic(sp, logp, target, ignore_index, reduction):
@@ -231,6 +241,8 @@ _UNSIGNED = {np.dtype(f"i{n}"): np.dtype(f"u{n}") for n in (4, 8)}
 @register
 class Embedding(Op):
     """y[...] = weight[ids[...]]: a row lookup; the row ``padding_idx`` gets no gradient."""
+
+    kernels = ("cat", "embedding", "embedding_back", "reshape", "to_numpy")
 
     @staticmethod
     def symbolic(sp, weight, ids, padding_idx):
@@ -283,6 +295,8 @@ class Embedding(Op):
 class Dropout(Op):
     """y = x * mask / (1 - p): ``mask`` (boolean, drawn by functional.dropout) keeps an
     entry with probability 1 - p, and the scale keeps the expected value unchanged."""
+
+    kernels = ("asarray", "mul")
 
     @staticmethod
     def symbolic(sp, x, mask, p):

@@ -26,6 +26,8 @@ def _symbolic_sum(x, axis, keepdims):
 class Sum(Op):
     """y = sum of x over ``axis`` (all axes when None)"""
 
+    kernels = ("broadcast_to", "reshape", "sum")
+
     @staticmethod
     def symbolic(sp, x, axis, keepdims):
         return _symbolic_sum(x, axis, keepdims)
@@ -49,6 +51,8 @@ class Sum(Op):
 @register
 class Mean(Op):
     """y = mean of x over ``axis`` (all axes when None)"""
+
+    kernels = ("broadcast_to", "div", "full", "reshape", "sum")
 
     @staticmethod
     def symbolic(sp, x, axis, keepdims):
@@ -79,6 +83,8 @@ class Mean(Op):
 @register
 class Max(Op):
     """y = max of x over ``axis``; tied maxima share the gradient equally."""
+
+    kernels = ("max", "max_back", "reshape")
 
     @staticmethod
     def symbolic(sp, x, axis, keepdims):

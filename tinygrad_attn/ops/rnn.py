@@ -98,6 +98,8 @@ class GRUGates(Op):
     (r, z, n); h_prev and h are (..., H).
     """
 
+    kernels = ("gru_gates", "gru_gates_back", "reshape")
+
     @staticmethod
     def symbolic(sp, gi, gh, h_prev):
         h_prev = np.asarray(h_prev, dtype=object)
@@ -145,6 +147,9 @@ class GRUCell(Op):
     al. 2015, s_i = f(s_{i-1}, y_{i-1}, c_i)): with ``parts=2`` the cell reads y and c
     themselves, and the join costs no node of its own.
     """
+
+    kernels = ("add", "cat", "gru_gates", "gru_gates_back", "matmul", "matmul_nt", "matmul_tn",
+               "reshape", "split", "sum")
 
     @staticmethod
     def symbolic(sp, *inputs, parts=1):
@@ -237,6 +242,8 @@ class LSTMCellState(Op):
     used (``LSTMHidden`` reads it), so its gradient is zero.
     """
 
+    kernels = ("lstm_cell_state", "lstm_cell_state_back", "reshape")
+
     @staticmethod
     def symbolic(sp, gates, c_prev):
         c_prev = np.asarray(c_prev, dtype=object)
@@ -271,6 +278,8 @@ class LSTMHidden(Op):
     c is this step's cell state (..., H), the output of ``LSTMCellState``; the (i, f, g)
     blocks are not used, so their gradient is zero.
     """
+
+    kernels = ("lstm_hidden", "lstm_hidden_back", "reshape")
 
     @staticmethod
     def symbolic(sp, gates, c):
