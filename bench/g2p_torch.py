@@ -224,6 +224,8 @@ def main(argv=None) -> None:
                          f"(python examples/g2p_cmudict.py --out {engine_dir} ...)")
     settings = json.loads(settings_file.read_text())
     kind, style = settings["attention"][0], settings.get("style", "bahdanau")
+    if style == "paper":                     # examples/g2p_cmudict.py's style_of
+        style = "bahdanau" if kind == "additive" else "luong"
     if (kind, style) not in (("additive", "bahdanau"), ("general", "luong")) or not settings["bidirectional"]:
         raise SystemExit(f"the torch twin is written for a bidirectional encoder with additive "
                          f"(bahdanau) or general (luong) attention, not {kind} ({style})")

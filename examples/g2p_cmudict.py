@@ -52,9 +52,10 @@ def parse_args(argv=None):
     parser.add_argument("--steps", type=int, default=32000, help="steps at most (the cosine schedule's end)")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--embed", type=int, default=64)
-    parser.add_argument("--style", choices=("bahdanau", "luong"), default="bahdanau",
+    parser.add_argument("--style", choices=("bahdanau", "luong", "paper"), default="bahdanau",
                         help="bahdanau: the context feeds the next decoder step; luong: the decoder "
-                             "runs first, then attention and tanh(W_c[c;h]) read its states")
+                             "runs first, then attention and tanh(W_c[c;h]) read its states; paper: "
+                             "each score in its paper's model (additive: bahdanau, the rest: luong)")
     parser.add_argument("--bidirectional", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--dropout", type=float, default=0.2)
     parser.add_argument("--batch-size", type=int, default=64)
@@ -78,13 +79,21 @@ def quick_task(task):
                         lowercase=False)
 
 
+def style_of(kind: str, style: str) -> str:
+    """The decoder's style for ``kind``: ``paper`` puts Luong's scores (dot, general, concat)
+    in Luong et al. (2015)'s model and Bahdanau's additive score in Bahdanau et al. (2015)'s."""
+    if style != "paper":
+        return style
+    return "bahdanau" if kind == "additive" else "luong"
+
+
 def run(kind: str, task, args, out: Path) -> dict:
     """Train one model for the budget, then score the test split greedily and with a beam."""
     ta.manual_seed(args.seed)
     attention = None if kind == "none" else kind
     model = ta.models.Seq2Seq(task.src_vocab, task.tgt_vocab, embed=args.embed, hidden=args.hidden,
-                              attention=attention, style=args.style, bidirectional=args.bidirectional,
-                              dropout=args.dropout)
+                              attention=attention, style=style_of(kind, args.style),
+                              bidirectional=args.bidirectional, dropout=args.dropout)
     checkpoint = out / f"{kind}.ckpt"
     log = ta.models.log_path(checkpoint)
     if log.exists():
@@ -105,7 +114,8 @@ def run(kind: str, task, args, out: Path) -> dict:
                               bucket=args.bucket, seed=args.seed, time_limit=args.minutes * 60,
                               checkpoint=checkpoint, callback=report)
     trained = time.perf_counter() - start
-    result = {"attention": kind, "parameters": model.num_parameters(), "steps": history[-1]["step"],
+    result = {"attention": kind, "style": style_of(kind, args.style),
+              "parameters": model.num_parameters(), "steps": history[-1]["step"],
               "train_seconds": round(trained, 1),
               "best_step": next((r["best_step"] for r in reversed(history) if "best_step" in r), None)}
     for name, beam in (("greedy", None), (f"beam{args.beam}", args.beam)):
@@ -121,12 +131,13 @@ def run(kind: str, task, args, out: Path) -> dict:
 
 
 def table(results: list[dict], beam: int) -> str:
-    rows = ["| attention | parameters | steps | training | WER greedy | PER greedy | "
+    rows = ["| attention | decoder | parameters | steps | training | WER greedy | PER greedy | "
             f"WER beam {beam} | PER beam {beam} |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|"]
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         g, b = r["greedy"], r[f"beam{beam}"]
-        rows.append(f"| {r['attention']} | {r['parameters']:,} | {r['steps']:,} "
+        decoder = "-" if r["attention"] == "none" else r["style"]
+        rows.append(f"| {r['attention']} | {decoder} | {r['parameters']:,} | {r['steps']:,} "
                     f"| {r['train_seconds'] / 60:.1f} min | {g['wer']:.2%} | {g['per']:.2%} "
                     f"| {b['wer']:.2%} | {b['per']:.2%} |")
     return "\n".join(rows)
