@@ -1,6 +1,6 @@
 """The "cuda" device: fused scaled dot-product attention and the tiled matmul, against PyTorch CUDA.
 
-    sdpa      ta.ops.ScaledDotProduct (the fused sdpa / sdpa_back kernels of compiler/cuda.py)
+    sdpa      ta.ops.ScaledDotProduct (the fused sdpa / sdpa_back kernels of compiler/cuda/attention.py)
               at (B, H, T, d) = (1,1,128,64), (8,8,128,64), (8,8,512,64), (4,8,1024,64),
               float32, scale 1/sqrt(d), no mask; "fwd" under no_grad, "fwd+bwd" records the
               node and backpropagates a cotangent that is already on the device;

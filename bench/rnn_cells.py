@@ -3,7 +3,7 @@ the same cell built from primitive ops, the numpy reference device, and PyTorch 
 
     ta fused [cpu]       F.gru_cell / F.lstm_cell on the default device: two MatMuls (BLAS),
                          bias Adds, then one fused node (GRUGates; LSTMCellState + LSTMHidden)
-                         whose forward and backward are Numba kernels (compiler/cpu_rnn.py)
+                         whose forward and backward are Numba kernels (compiler/cpu/rnn.py)
     ta composed [cpu]    the same cell from primitive ops (slices, sigmoid, tanh, * and +)
     ta fused [numpy]     F.gru_cell / F.lstm_cell on the reference device (numpy kernels)
     torch                torch.nn.GRUCell / LSTMCell, eager, the same weights
@@ -221,8 +221,8 @@ def bench_cells(repeats: int, budget_s: float) -> None:
 def bench_threshold(repeats: int) -> None:
     import numba
 
-    from tinygrad_attn.compiler import cpu_rnn
-    from tinygrad_attn.compiler import numpy_backend as reference
+    from tinygrad_attn.compiler import reference
+    from tinygrad_attn.compiler.cpu import rnn as cpu_rnn
 
     # Minima, not medians: other processes slow the prange driver (which waits for every
     # thread) far more than the serial one, and the quietest repeat is the fairest.

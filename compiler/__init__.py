@@ -9,13 +9,14 @@ so a new device can replace one kernel at a time and stays complete meanwhile.
 
 Devices:
     "numpy"  plain numpy, the reference implementation and the oracle in tests.
-    "cpu"    the default device: Numba kernels (compiler/cpu.py) for softmax-shaped work
+    "cpu"    the default device: Numba kernels (compiler/cpu/) for softmax-shaped work
              and fused attention, BLAS (through numpy) for matrix products, the reference
              kernels for the rest.
-    "cuda"   numba.cuda kernels for every kernel (compiler/cuda.py), on device arrays.  Loaded
-             on first use (importing numba.cuda takes ~0.5 s), and only where it can run: on
-             a CUDA GPU, or under Numba's simulator (NUMBA_ENABLE_CUDASIM=1 set before numba
-             is imported; slow, for tiny shapes and tests).
+    "cuda"   numba.cuda kernels for every kernel (compiler/cuda/, a module per kernel
+             family), on device arrays.  Loaded on first use (importing numba.cuda takes
+             ~0.5 s), and only where it can run: on a CUDA GPU, or under Numba's simulator
+             (NUMBA_ENABLE_CUDASIM=1 set before numba is imported; slow, for tiny shapes and
+             tests).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from . import numpy_backend
+from . import reference
 from .allocator import keep_freed_memory
 
 keep_freed_memory()
@@ -84,7 +85,7 @@ class Backend:
         return f"Backend({self.name!r}, {len(self.kernels)} own kernels, parent={parent!r})"
 
 
-# The kernels compiler/cpu.py and compiler/cpu_rnn.py override.  Listed here so that importing
+# The kernels compiler/cpu/ overrides.  Listed here so that importing
 # the package does not import Numba (~0.2 s): the first call of any of them loads them all.
 CPU_KERNELS = ("sigmoid", "tanh_back", "sigmoid_back", "relu_back",
                "softmax", "softmax_back", "log_softmax", "log_softmax_back", "masked_softmax",
@@ -96,9 +97,9 @@ CPU_KERNELS = ("sigmoid", "tanh_back", "sigmoid_back", "relu_back",
 
 def _load_cpu_kernels(name: str) -> Callable:
     def first_call(*args):
-        from . import cpu, cpu_rnn
+        from . import cpu
 
-        kernels = {**cpu.KERNELS, **cpu_rnn.KERNELS}
+        kernels = cpu.KERNELS
         for kernel_name, fn in kernels.items():
             _BACKENDS["cpu"].register_kernel(kernel_name, fn)
         return kernels[name](*args)
@@ -107,10 +108,10 @@ def _load_cpu_kernels(name: str) -> Callable:
     return first_call
 
 
-_REFERENCE = Backend("numpy", numpy_backend.KERNELS)
+_REFERENCE = Backend("numpy", reference.KERNELS)
 _BACKENDS: dict[str, Backend] = {
     "numpy": _REFERENCE,
-    # The default device: Numba kernels (compiler/cpu.py) override reference ones by name.
+    # The default device: Numba kernels (compiler/cpu/) override reference ones by name.
     "cpu": Backend("cpu", {name: _load_cpu_kernels(name) for name in CPU_KERNELS}, parent=_REFERENCE),
 }
 

@@ -1,9 +1,9 @@
 """The elementwise formulas, written once: plain-Python functions of floats.
 
-Each compiled backend builds its map kernels from these (``cpu.py`` with ``numba.njit``,
-``cuda.py`` with ``cuda.jit(device=True)``), so a formula and its derivative live in one
-place.  ``numpy_backend.py`` states the same formulas vectorised; it is the reference the
-compiled kernels are tested against.
+Each compiled backend builds its map kernels from these (``cpu/elementwise.py`` with
+``numba.vectorize``, ``cuda/elementwise.py`` with ``cuda.jit(device=True)``), so a formula
+and its derivative live in one place.  ``reference/`` states the same formulas
+vectorised; it is the reference the compiled kernels are tested against.
 
 A ``*_back`` function is the derivative of its partner times the incoming gradient ``dy``;
 it takes the forward output ``y`` where that is cheaper than the input (tanh, sigmoid).

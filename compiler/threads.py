@@ -63,10 +63,11 @@ def one_blas_thread():
     """BLAS at one thread inside the block, for work that runs its own threads, each calling
     BLAS (two threads of two-threaded BLAS took 186-335 ms where one-threaded BLAS took 100).
 
-    The count is process-wide: callers in several threads must take turns (compiler/cpu.py
-    holds a lock around it).  Switching costs ~1 µs: the libraries are found once.  This
-    OpenBLAS (0.3.31) ignored the call from a thread other than the main one once the main
-    thread had set a count; the block then runs with BLAS's own threads, slower, not wrong."""
+    The count is process-wide: callers in several threads must take turns
+    (compiler/cpu/attention.py holds a lock around it).  Switching costs ~1 µs: the libraries
+    are found once.  This OpenBLAS (0.3.31) ignored the call from a thread other than the
+    main one once the main thread had set a count; the block then runs with BLAS's own
+    threads, slower, not wrong."""
     if not _blas:
         from threadpoolctl import ThreadpoolController
 

@@ -52,7 +52,10 @@ def record_launches(kernels):
         signature = tuple(numba.typeof(a) for a in args)
         launched[(id(kernel), signature)] = (kernel, signature)
 
-    kernels._launch = record
+    # Every kernel family launches through its own name for device._launch.
+    for family in (kernels.device, *kernels.FAMILIES):
+        if hasattr(family, "_launch"):
+            family._launch = record
 
     def contiguous(a):
         if isinstance(a, np.ndarray):

@@ -4,6 +4,7 @@ import os
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -61,10 +62,11 @@ def test_allocator_tuning_can_be_turned_off():
 
 
 def test_lazy_cpu_kernel_list_matches_compiler_cpu():
-    from tinygrad_attn.compiler import CPU_KERNELS, cpu, cpu_rnn
+    from tinygrad_attn.compiler import CPU_KERNELS, cpu
 
-    assert not set(cpu.KERNELS) & set(cpu_rnn.KERNELS)
-    assert set(CPU_KERNELS) == set(cpu.KERNELS) | set(cpu_rnn.KERNELS)
+    names = [name for family in cpu.FAMILIES for name in family.KERNELS]
+    assert len(names) == len(set(names)), "two kernel families override one kernel"
+    assert set(CPU_KERNELS) == set(names)
 
 
 def _run_python(code: str, simulator: bool) -> subprocess.CompletedProcess:
@@ -101,7 +103,7 @@ def test_cuda_kernels_are_imported_on_first_use_of_the_device():
 
 
 def test_numpy_broadcast_to_is_as_strict_as_numpy_and_never_writes_through():
-    from tinygrad_attn.compiler import numpy_backend as reference
+    from tinygrad_attn.compiler import reference
 
     x = np.arange(3.0).reshape(1, 3)
     with pytest.raises(ValueError):
@@ -121,7 +123,7 @@ def test_numpy_broadcast_to_is_as_strict_as_numpy_and_never_writes_through():
     ((2, 4, 3), (2, 3, 5)),         # inner size above 1: numpy's matmul
 ])
 def test_reference_matmuls_equal_numpy_for_outer_products(a_shape, b_shape):
-    from tinygrad_attn.compiler import numpy_backend as reference
+    from tinygrad_attn.compiler import reference
 
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal(a_shape), rng.standard_normal(b_shape)
@@ -129,3 +131,27 @@ def test_reference_matmuls_equal_numpy_for_outer_products(a_shape, b_shape):
     np.testing.assert_array_equal(reference.matmul(a, b), want)
     np.testing.assert_array_equal(reference.matmul_tn(np.swapaxes(a, -1, -2).copy(), b), want)
     np.testing.assert_array_equal(reference.matmul_nt(a, np.swapaxes(b, -1, -2).copy()), want)
+
+
+def _family(module) -> str:
+    return module.__name__.rsplit(".", 1)[1]
+
+
+def test_every_device_keeps_each_kernel_in_the_family_file_of_the_same_name():
+    """compiler/reference/, cpu/ and cuda/ have one module per kernel family: a kernel a
+    device overrides lives in the module named as the reference's home of that kernel."""
+    from tinygrad_attn.compiler import cpu, cuda, reference
+
+    home = {name: _family(f) for f in reference.FAMILIES for name in f.KERNELS}
+    assert set(home) == set(reference.KERNELS)
+    for device in (cpu, cuda):
+        for family in device.FAMILIES:
+            misplaced = {name: home[name] for name in family.KERNELS if home[name] != _family(family)}
+            assert not misplaced, f"{family.__name__} holds kernels of other families: {misplaced}"
+
+
+def test_no_compiler_file_is_over_600_lines():
+    root = Path(__file__).resolve().parents[1] / "compiler"
+    long = {str(p.relative_to(root)): n for p in root.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 600}
+    assert not long, long

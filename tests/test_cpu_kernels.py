@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tinygrad_attn.compiler import cpu, numba_support, threads
-from tinygrad_attn.compiler import numpy_backend as reference
+from tinygrad_attn.compiler import cpu, numba_support, reference, threads
+from tinygrad_attn.compiler.cpu import attention
 
 TOL = {np.float32: {"rtol": 2e-5, "atol": 1e-6}, np.float64: {"rtol": 1e-10, "atol": 1e-12}}
 
@@ -46,9 +46,9 @@ def test_tanh32_relative_error_and_edges():
 def small_blocks(monkeypatch):
     """Blocks of 4 queries and 3 keys, so that small inputs take many of each (and the
     kernels, which small inputs otherwise leave to the reference)."""
-    monkeypatch.setattr(cpu, "SDPA_QUERY_BLOCK", 4)
-    monkeypatch.setattr(cpu, "SDPA_KEY_BLOCK", 3)
-    monkeypatch.setattr(cpu, "SDPA_KERNEL_MIN", 0)
+    monkeypatch.setattr(attention, "SDPA_QUERY_BLOCK", 4)
+    monkeypatch.setattr(attention, "SDPA_KEY_BLOCK", 3)
+    monkeypatch.setattr(attention, "SDPA_KERNEL_MIN", 0)
 
 
 # The patched block sizes hold for every generated input: the fixture need not rerun.
@@ -62,13 +62,13 @@ def test_sdpa_online_softmax_across_key_blocks(small_blocks, t_q, t_k, masked, c
     k = (rng.normal(size=(2, t_k, 3)) * np.linspace(0.5, 4.0, t_k)[:, None]).astype(dtype)
     v = rng.normal(size=(2, t_k, 2)).astype(dtype)
     mask = rng.random((2, t_q, t_k)) < 0.5 if masked else None
-    o, lse = cpu.sdpa(q, k, v, mask, 0.7, causal)
+    o, lse = attention.sdpa(q, k, v, mask, 0.7, causal)
     o_ref, lse_ref = reference.sdpa(q, k, v, mask, 0.7, causal)
     np.testing.assert_allclose(o, o_ref, **TOL[dtype])
     np.testing.assert_array_equal(np.isfinite(lse), np.isfinite(lse_ref))
     np.testing.assert_allclose(lse[np.isfinite(lse)], lse_ref[np.isfinite(lse_ref)], **TOL[dtype])
     do = rng.normal(size=o.shape).astype(dtype)
-    for got, want in zip(cpu.sdpa_back(q, k, v, o, lse, do, mask, 0.7, causal),
+    for got, want in zip(attention.sdpa_back(q, k, v, o, lse, do, mask, 0.7, causal),
                          reference.sdpa_back(q, k, v, o_ref, lse_ref, do, mask, 0.7, causal), strict=True):
         np.testing.assert_allclose(got, want, **TOL[dtype])
 
@@ -81,9 +81,9 @@ def test_additive_scores_float32_within_rounding_of_float64(loop, n, t_q, t_k, a
     q, k = rng.normal(size=(n, t_q, a)), rng.normal(size=(n, t_k, a)) * 2
     v, de = rng.normal(size=a), rng.normal(size=(n, t_q, t_k)) * (rng.random((n, t_q, t_k)) < 0.7)
     f32 = [x.astype(np.float32) for x in (q, k, v, de)]
-    e = cpu.additive_scores(*f32[:3])
+    e = attention.additive_scores(*f32[:3])
     np.testing.assert_allclose(e, reference.additive_scores(q, k, v), rtol=0, atol=1e-6 * np.abs(v).sum())
-    dq, dk, dv = cpu.additive_scores_back(*f32)
+    dq, dk, dv = attention.additive_scores_back(*f32)
     dq_ref, dk_ref, dv_ref = reference.additive_scores_back(q, k, v, de)
     size_dq = np.abs(de).sum(axis=2)[..., None] * np.abs(v)          # (N, T_q, A): the terms' sizes
     size_dk = np.abs(de).sum(axis=1)[..., None] * np.abs(v)          # (N, T_k, A)
@@ -95,8 +95,9 @@ def test_additive_scores_float32_within_rounding_of_float64(loop, n, t_q, t_k, a
 
 @pytest.fixture(params=["serial", "parallel"])
 def loop(request, monkeypatch):
-    """Every size-chosen kernel of cpu.py takes its serial (or its parallel) loop."""
-    monkeypatch.setattr(cpu, "_scaled", lambda entries: 2**62 if request.param == "serial" else 0)
+    """Every size-chosen kernel of compiler/cpu/ takes its serial (or its parallel) loop."""
+    for family in (cpu.softmax, cpu.attention):
+        monkeypatch.setattr(family, "_scaled", lambda entries: 2**62 if request.param == "serial" else 0)
     return request.param
 
 
@@ -114,7 +115,7 @@ def test_row_kernels_serial_and_parallel_loops(loop, rows, dtype):
              ("cross_entropy", (x, target, -100)),
              ("cross_entropy_back", (x, reference.cross_entropy(x, target, 5)[1], target, 5, dy[:, 0]))]
     for name, args in cases:
-        got, want = getattr(cpu, name)(*args), getattr(reference, name)(*args)
+        got, want = cpu.KERNELS[name](*args), getattr(reference, name)(*args)
         if not isinstance(got, tuple):
             got, want = (got,), (want,)
         for g, w in zip(got, want, strict=True):
@@ -129,11 +130,11 @@ def test_sdpa_kernels_at_their_own_block_sizes(causal, dtype):
     q, k = rng.normal(size=(2, 300, 8)).astype(dtype), rng.normal(size=(2, 260, 8)).astype(dtype)
     v, do = rng.normal(size=(2, 260, 5)).astype(dtype), rng.normal(size=(2, 300, 5)).astype(dtype)
     mask = rng.random((1, 300, 260)) < 0.7
-    assert q.shape[0] * q.shape[1] * k.shape[1] >= cpu.SDPA_KERNEL_MIN
-    o, lse = cpu.sdpa(q, k, v, mask, 0.4, causal)
+    assert q.shape[0] * q.shape[1] * k.shape[1] >= attention.SDPA_KERNEL_MIN
+    o, lse = attention.sdpa(q, k, v, mask, 0.4, causal)
     o_ref, lse_ref = reference.sdpa(q, k, v, mask, 0.4, causal)
     np.testing.assert_allclose(o, o_ref, **TOL[dtype])
-    for got, want in zip(cpu.sdpa_back(q, k, v, o, lse, do, mask, 0.4, causal),
+    for got, want in zip(attention.sdpa_back(q, k, v, o, lse, do, mask, 0.4, causal),
                          reference.sdpa_back(q, k, v, o_ref, lse_ref, do, mask, 0.4, causal), strict=True):
         np.testing.assert_allclose(got, want, **TOL[dtype])
 
@@ -150,7 +151,7 @@ def _sdpa_case(dtype, causal, n=3):
 @pytest.fixture
 def kernels_at_any_size(monkeypatch):
     """The kernels (not the reference) for the small inputs of these tests."""
-    monkeypatch.setattr(cpu, "SDPA_KERNEL_MIN", 0)
+    monkeypatch.setattr(attention, "SDPA_KERNEL_MIN", 0)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -163,8 +164,8 @@ def test_sdpa_split_between_threads_equals_one_thread(kernels_at_any_size, monke
     results = []
     for count in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
         monkeypatch.setattr(threads, "_requested", [count])       # as ta.set_num_threads(count)
-        o, lse = cpu.sdpa(q, k, v, mask, 0.5, causal)
-        results.append((o, lse, *cpu.sdpa_back(q, k, v, o, lse, do, mask, 0.5, causal)))
+        o, lse = attention.sdpa(q, k, v, mask, 0.5, causal)
+        results.append((o, lse, *attention.sdpa_back(q, k, v, o, lse, do, mask, 0.5, causal)))
     for one, split in zip(*results, strict=True):
         np.testing.assert_array_equal(one, split)
     o_ref, lse_ref = reference.sdpa(q, k, v, mask, 0.5, causal)
@@ -177,18 +178,18 @@ def test_sdpa_worker_error_reaches_the_caller(kernels_at_any_size, monkeypatch):
 
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("one CPU: the heads are not split between threads")
-    real = cpu._sdpa_heads
+    real = attention._sdpa_heads
 
     def failing(*args):
         if 0 not in args[-1]:
             raise FloatingPointError("worker")
         real(*args)
 
-    monkeypatch.setattr(cpu, "_sdpa_heads", failing)
+    monkeypatch.setattr(attention, "_sdpa_heads", failing)
     monkeypatch.setattr(threads, "_requested", [2])
     q, k, v, _, mask = _sdpa_case(np.float32, False)
     with pytest.raises(FloatingPointError, match="worker"):
-        cpu.sdpa(q, k, v, mask, 0.5, False)
+        attention.sdpa(q, k, v, mask, 0.5, False)
 
 
 def test_parallel_thresholds_grow_with_the_measured_launch_cost(monkeypatch):

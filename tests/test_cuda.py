@@ -11,7 +11,7 @@ import pytest
 
 import tinygrad_attn as ta
 from tinygrad_attn import Tensor, nn
-from tinygrad_attn.compiler import available_devices, get_backend, numpy_backend
+from tinygrad_attn.compiler import available_devices, get_backend, reference
 
 pytestmark = pytest.mark.skipif(
     "cuda" not in available_devices(),
@@ -74,7 +74,7 @@ def test_mixing_devices_in_one_op_names_the_op_and_both_devices():
 
 def test_device_arrays_refuse_host_numpy_operations():
     # A real DeviceNDArray has no arithmetic, comparisons or numpy methods; under the
-    # simulator, compiler/cuda.py makes its arrays refuse them too, so engine code that
+    # simulator, compiler/cuda/simulator.py makes its arrays refuse them too, so engine code that
     # passes here also runs on a GPU.
     data = Tensor([1.0, -2.0], device="cuda").data
     with pytest.raises(TypeError):
@@ -86,7 +86,7 @@ def test_device_arrays_refuse_host_numpy_operations():
 
 def test_every_reference_kernel_is_a_cuda_kernel(cuda):
     assert cuda.parent is None                     # no silent fallback to numpy on device arrays
-    assert set(numpy_backend.KERNELS) <= set(cuda.kernel_names())
+    assert set(reference.KERNELS) <= set(cuda.kernel_names())
 
 
 # ---------------------------------------------------------------- kernels

@@ -44,9 +44,9 @@ def test_g2p_cmudict_quick_trains_scores_and_writes_its_table(tmp_path, capsys, 
     out = capsys.readouterr().out
     assert "test, greedy: WER" in out and "test, beam5: WER" in out
     table = (tmp_path / "results.md").read_text()
-    assert table.startswith("| attention | decoder | parameters |") and "| additive | bahdanau |" in table
-    assert (tmp_path / "additive.ckpt").is_file() and (tmp_path / "additive.jsonl").is_file()
-    assert json.loads((tmp_path / "settings.json").read_text())["attention"] == ["additive"]
+    assert table.startswith("| attention | decoder | parameters |") and "| general | luong |" in table
+    assert (tmp_path / "general.ckpt").is_file() and (tmp_path / "general.jsonl").is_file()
+    assert json.loads((tmp_path / "settings.json").read_text())["attention"] == ["general"]
 
 
 BENCH = EXAMPLES.parent / "bench"

@@ -234,7 +234,7 @@ def test_fused_cells_are_one_node_each_after_the_products():
 @pytest.mark.parametrize("parallel", [False, True], ids=["serial", "prange"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
 def test_cpu_kernels_match_the_reference_on_both_drivers(monkeypatch, parallel, dtype):
-    from tinygrad_attn.compiler import cpu_rnn
+    from tinygrad_attn.compiler.cpu import rnn as cpu_rnn
 
     monkeypatch.setattr(cpu_rnn, "_use_prange", lambda entries, dtype: parallel)
     reference = get_backend("numpy")
@@ -262,7 +262,7 @@ def test_cpu_kernels_match_the_reference_on_both_drivers(monkeypatch, parallel, 
 
 def test_cpu_float32_tanh_keeps_its_relative_accuracy_near_zero_and_saturates():
     # 1 - 2/(e^{2x} + 1) would lose every digit near 0; the kernel's polynomial must not.
-    from tinygrad_attn.compiler import cpu_rnn
+    from tinygrad_attn.compiler.cpu import rnn as cpu_rnn
 
     x = np.concatenate([np.geomspace(1e-30, 40.0, 4000), -np.geomspace(1e-30, 40.0, 4000), [0.0]])
     gates = np.zeros((1, 4 * x.size), dtype=np.float32)

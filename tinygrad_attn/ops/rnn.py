@@ -12,7 +12,7 @@ adds the two.
 
 Every op takes inputs with any leading (batch) axes, identical across its inputs, and runs
 its kernels on them as rows (B, width).  Forward saves the gate activations, so backward
-evaluates no exp or tanh (see compiler/numpy_backend.py).
+evaluates no exp or tanh (see compiler/reference/rnn.py).
 """
 
 from __future__ import annotations

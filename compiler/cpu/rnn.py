@@ -1,6 +1,6 @@
-"""Numba kernels for the "cpu" device: the elementwise part of GRU and LSTM cells.
+"""The elementwise part of GRU and LSTM cells.
 
-These override the numpy reference kernels of the same names (``numpy_backend.gru_gates``
+These override the numpy reference kernels of the same names (``reference.gru_gates``
 and partners, which state the formulas and PyTorch's gate orders).  The matrix products of
 a cell stay on numpy's BLAS; what is fused here is everything between them: numpy spends
 ten to twenty passes over memory and a temporary per pass on a GRU cell's gates, a kernel
@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .numba_support import FAST, _like, _sigmoid, _tanh, parallel_min
+from ..numba_support import FAST, _like, _sigmoid, _tanh, parallel_min
 
 __all__ = ["KERNELS", "PARALLEL_MIN_ENTRIES"]
 

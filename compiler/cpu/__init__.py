@@ -1,0 +1,32 @@
+"""Numba kernels for the "cpu" device: softmax-shaped work fused into one pass per row, and
+the fused attention kernels (additive scores, scaled dot-product).
+
+These override the numpy reference kernels of the same names; every other kernel of the
+device stays the reference one.  One module per kernel family, each with its part of the
+table (``KERNELS``): elementwise, softmax (with cross-entropy), movement (the embedding's
+scatter), attention, rnn (the GRU and LSTM gates).  Matrix products stay on numpy's BLAS:
+a hand-written Numba GEMM reaches ~60 GFLOP/s here against BLAS's ~190, so the fused
+attention kernels call BLAS for their products and Numba for everything between them.
+
+Softmax-shaped work (max, exp, sum, divide; its backward; cross-entropy) costs numpy four
+to seven passes over memory and a temporary per pass; a Numba row kernel does it in two
+passes without temporaries, rows in parallel.  Of the elementwise maps only those numpy
+runs as several passes are compiled (sigmoid, 14x faster; the ``*_back`` products, 1.2-1.5x):
+numpy's own tanh, exp and arithmetic already run at SIMD speed.
+
+exp (and tanh, for the additive scores) dominates all of these: they come from
+``numba_support``, polynomials that vectorise for float32 and libm for float64.
+
+Every kernel is compiled on first use and cached on disk (``cache=True``); signatures are
+kept few by passing C-contiguous 2-D/3-D arrays only.
+"""
+
+from __future__ import annotations
+
+from . import attention, elementwise, movement, rnn, softmax
+
+__all__ = ["KERNELS", "FAMILIES"]
+
+FAMILIES = (elementwise, softmax, movement, attention, rnn)
+
+KERNELS = {name: fn for family in FAMILIES for name, fn in family.KERNELS.items()}

@@ -1,0 +1,212 @@
+"""Movement: reshape (a view), permute, broadcast_to, getitem(+back), cat, split, stack
+(strided copies), and the embedding lookup and its scatter-add."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda
+
+from .device import THREADS, _at, _blocks, _broadcast_strides, _collapse, _empty, _flat, _launch, _strides
+from .memory import zeros
+
+
+@cuda.jit
+def _strided_copy_kernel(dst, dst_offset, dst_strides, src, src_offset, src_strides, shape, n):
+    for i in range(cuda.grid(1), n, cuda.gridsize(1)):
+        dst[dst_offset + _at(i, shape, dst_strides)] = src[src_offset + _at(i, shape, src_strides)]
+
+
+def _copy_strided(dst, dst_offset, dst_strides, src, src_offset, src_strides, shape):
+    """dst[dst_offset + idx . dst_strides] = src[src_offset + idx . src_strides] for every
+    index idx of ``shape`` (element offsets and strides into the flat arrays)."""
+    n = math.prod(shape)
+    if n == 0:
+        return
+    dims, (dst_st, src_st) = _collapse(tuple(shape), tuple(dst_strides), tuple(src_strides))
+    _launch(_strided_copy_kernel, _blocks(n), THREADS, _flat(dst), int(dst_offset), dst_st,
+            _flat(src), int(src_offset), src_st, dims, n)
+
+
+def reshape(x, shape):
+    shape = tuple(int(n) for n in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+    if -1 in shape:
+        known = math.prod(n for n in shape if n != -1)
+        shape = tuple(x.size // known if n == -1 and known else n for n in shape)
+    if math.prod(shape) != x.size:
+        raise ValueError(f"cannot reshape array of size {x.size} into shape {shape}")
+    if x.size == 0:
+        return _empty(shape, x.dtype)        # a device array of size 0 has no memory to view
+    return x.reshape(shape)
+
+
+def permute(x, axes):
+    axes = tuple(int(a) % x.ndim for a in axes) if x.ndim else ()
+    shape = tuple(x.shape[a] for a in axes)
+    out = _empty(shape, x.dtype)
+    own = _strides(x.shape)
+    _copy_strided(out, 0, _strides(shape), x, 0, tuple(own[a] for a in axes), shape)
+    return out
+
+
+def broadcast_to(x, shape):
+    shape = tuple(int(n) for n in shape)
+    if tuple(np.broadcast_shapes(tuple(x.shape), shape)) != shape:
+        raise ValueError(f"cannot broadcast an array of shape {tuple(x.shape)} to {shape}")
+    out = _empty(shape, x.dtype)
+    _copy_strided(out, 0, _strides(shape), x, 0, _broadcast_strides(x.shape, shape), shape)
+    return out
+
+
+def _is_basic(parts) -> bool:
+    return all(part is None or part is Ellipsis or isinstance(part, slice)
+               or (isinstance(part, (int, np.integer)) and not isinstance(part, (bool, np.bool_)))
+               for part in parts)
+
+
+def _view_geometry(shape, parts):
+    """(offset, shape, strides) in elements of the view x[parts] of a C-contiguous x: numpy
+    works them out on a stand-in int8 array (byte strides = element strides) whose memory is
+    never read.  A new last axis keeps the result a view even when every axis is indexed."""
+    base = np.lib.stride_tricks.as_strided(np.zeros(1, np.int8), shape=tuple(shape), strides=_strides(shape))
+    last = (None,) if any(part is Ellipsis for part in parts) else (Ellipsis, None)
+    view = base[tuple(parts) + last]
+    offset = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    return offset, view.shape[:-1], view.strides[:-1]
+
+
+def _positions(shape, index):
+    """The flat positions an advanced index picks, shaped like the result (host int64)."""
+    return np.arange(math.prod(shape), dtype=np.int64).reshape(shape)[index]
+
+
+@cuda.jit
+def _gather_kernel(out, x, positions):
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        out[i] = x[positions[i]]
+
+
+@cuda.jit
+def _scatter_add_kernel(dx, positions, dy):
+    # Atomic: an integer index array may pick one entry several times.
+    for i in range(cuda.grid(1), dy.shape[0], cuda.gridsize(1)):
+        cuda.atomic.add(dx, positions[i], dy[i])
+
+
+def getitem(x, index):
+    parts = index if isinstance(index, tuple) else (index,)
+    if _is_basic(parts):
+        offset, shape, strides = _view_geometry(x.shape, parts)
+        out = _empty(shape, x.dtype)
+        _copy_strided(out, 0, _strides(shape), x, offset, strides, shape)
+        return out
+    positions = _positions(x.shape, index)
+    out = _empty(positions.shape, x.dtype)
+    if out.size:
+        _launch(_gather_kernel, _blocks(out.size), THREADS, _flat(out), _flat(x),
+                cuda.to_device(positions.reshape(-1)))
+    return out
+
+
+def getitem_back(shape, index, dy):
+    """Scatter-add dy into zeros of ``shape``; repeated integer indices accumulate."""
+    dx = zeros(shape, dy.dtype)
+    parts = index if isinstance(index, tuple) else (index,)
+    if _is_basic(parts):
+        # A basic index picks each entry at most once: a plain strided copy.
+        offset, view_shape, strides = _view_geometry(shape, parts)
+        _copy_strided(dx, offset, strides, dy, 0, _strides(view_shape), view_shape)
+        return dx
+    positions = _positions(tuple(shape), index).reshape(-1)
+    if positions.size:
+        _launch(_scatter_add_kernel, _blocks(positions.size), THREADS, _flat(dx), cuda.to_device(positions),
+                _flat(dy))
+    return dx
+
+
+def cat(xs, axis):
+    ndim = xs[0].ndim
+    axis = int(axis) % ndim
+    shape = list(xs[0].shape)
+    shape[axis] = sum(x.shape[axis] for x in xs)
+    out = _empty(shape, np.result_type(*(x.dtype for x in xs)))
+    out_strides = _strides(shape)
+    start = 0
+    for x in xs:
+        _copy_strided(out, start * out_strides[axis], out_strides, x, 0, _strides(x.shape), x.shape)
+        start += x.shape[axis]
+    return out
+
+
+def split(x, sizes, axis):
+    """Inverse of cat: pieces of ``x`` along ``axis`` with the given sizes (the last piece
+    takes whatever remains, as numpy's split)."""
+    axis = int(axis) % x.ndim
+    own = _strides(x.shape)
+    bounds = [min(int(b), x.shape[axis]) for b in np.cumsum(sizes)[:-1]]
+    pieces = []
+    for start, stop in zip([0] + bounds, bounds + [x.shape[axis]], strict=True):
+        shape = x.shape[:axis] + (max(stop - start, 0),) + x.shape[axis + 1:]
+        piece = _empty(shape, x.dtype)
+        _copy_strided(piece, 0, _strides(shape), x, start * own[axis], own, shape)
+        pieces.append(piece)
+    return pieces
+
+
+def stack(xs, axis):
+    axis = int(axis) % (xs[0].ndim + 1)
+    return cat([reshape(x, x.shape[:axis] + (1,) + x.shape[axis:]) for x in xs], axis)
+
+
+# ---------------------------------------------------------------- embedding
+
+
+@cuda.jit
+def _embedding_kernel(out, weight, ids, dim):
+    num_rows = weight.shape[0] // dim
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        row = ids[i // dim]
+        if row < 0:
+            row += num_rows              # numpy's negative indices
+        out[i] = weight[row * dim + i % dim]
+
+
+@cuda.jit
+def _embedding_back_kernel(dw, ids, dy, padding_idx, dim):
+    num_rows = dw.shape[0] // dim
+    for i in range(cuda.grid(1), dy.shape[0], cuda.gridsize(1)):
+        row = ids[i // dim]
+        if row < 0:
+            row += num_rows
+        if row != padding_idx:
+            # Atomic: two ids may name the same row.
+            cuda.atomic.add(dw, row * dim + i % dim, dy[i])
+
+
+def embedding(weight, ids):
+    dim = weight.shape[1]
+    out = _empty(tuple(ids.shape) + (dim,), weight.dtype)
+    if out.size:
+        _launch(_embedding_kernel, _blocks(out.size), THREADS, _flat(out), _flat(weight), _flat(ids), dim)
+    return out
+
+
+def embedding_back(num_rows, ids, dy, padding_idx):
+    """Scatter-add rows of dy into a (num_rows, E) gradient; padding_idx gets none."""
+    dim = dy.shape[-1]
+    dw = zeros((num_rows, dim), dy.dtype)
+    if dy.size:
+        padding = -1 if padding_idx is None else int(padding_idx) % num_rows
+        _launch(_embedding_back_kernel, _blocks(dy.size), THREADS, _flat(dw), _flat(ids), _flat(dy), padding,
+                dim)
+    return dw
+
+
+# ---------------------------------------------------------------- the table
+
+KERNELS = {
+    "reshape": reshape, "permute": permute, "broadcast_to": broadcast_to, "getitem": getitem,
+    "getitem_back": getitem_back, "cat": cat, "split": split, "stack": stack,
+    "embedding": embedding, "embedding_back": embedding_back,
+}

@@ -1,0 +1,172 @@
+"""GRU and LSTM cell gates, one thread per entry."""
+
+from __future__ import annotations
+
+import math
+
+from numba import cuda
+
+from .. import scalar
+from .device import THREADS, _blocks, _empty, _launch
+
+_sigmoid = cuda.jit(device=True)(scalar.sigmoid)
+
+
+@cuda.jit
+def _gru_gates_kernel(h, gates, gi, gh, h_prev):
+    """One thread per (b, c): r, z, n of PyTorch's GRU and h = n + z (h_prev - n)."""
+    hidden = h_prev.shape[1]
+    for flat in range(cuda.grid(1), h.shape[0] * hidden, cuda.gridsize(1)):
+        b = flat // hidden
+        c = flat % hidden
+        # Each gate is read back once stored, so what follows uses exactly the rounded values
+        # backward will see (as the reference, which computes in arrays of the input dtype).
+        gates[b, c] = _sigmoid(gi[b, c] + gh[b, c])
+        gates[b, hidden + c] = _sigmoid(gi[b, hidden + c] + gh[b, hidden + c])
+        gates[b, 2 * hidden + c] = math.tanh(gi[b, 2 * hidden + c] + gates[b, c] * gh[b, 2 * hidden + c])
+        n = gates[b, 2 * hidden + c]
+        h[b, c] = n + gates[b, hidden + c] * (h_prev[b, c] - n)
+
+
+@cuda.jit
+def _gru_gates_back_kernel(dgi, dgh, dh_prev, gates, gh, h_prev, dh):
+    hidden = h_prev.shape[1]
+    for flat in range(cuda.grid(1), dh.shape[0] * hidden, cuda.gridsize(1)):
+        b = flat // hidden
+        c = flat % hidden
+        r = gates[b, c]
+        z = gates[b, hidden + c]
+        n = gates[b, 2 * hidden + c]
+        g = dh[b, c]
+        dn = g * (1 - z) * (1 - n * n)
+        dz = g * (h_prev[b, c] - n) * z * (1 - z)
+        dr = dn * gh[b, 2 * hidden + c] * r * (1 - r)
+        dgi[b, c] = dr
+        dgi[b, hidden + c] = dz
+        dgi[b, 2 * hidden + c] = dn
+        dgh[b, c] = dr
+        dgh[b, hidden + c] = dz
+        dgh[b, 2 * hidden + c] = dn * r
+        dh_prev[b, c] = g * z
+
+
+@cuda.jit
+def _lstm_cell_state_kernel(c_out, act, gates, c_prev):
+    hidden = c_prev.shape[1]
+    for flat in range(cuda.grid(1), c_out.shape[0] * hidden, cuda.gridsize(1)):
+        b = flat // hidden
+        j = flat % hidden
+        act[b, j] = _sigmoid(gates[b, j])
+        act[b, hidden + j] = _sigmoid(gates[b, hidden + j])
+        act[b, 2 * hidden + j] = math.tanh(gates[b, 2 * hidden + j])
+        c_out[b, j] = act[b, hidden + j] * c_prev[b, j] + act[b, j] * act[b, 2 * hidden + j]
+
+
+@cuda.jit
+def _lstm_cell_state_back_kernel(dgates, dc_prev, act, c_prev, dc):
+    hidden = c_prev.shape[1]
+    for flat in range(cuda.grid(1), dc.shape[0] * hidden, cuda.gridsize(1)):
+        b = flat // hidden
+        j = flat % hidden
+        i_gate = act[b, j]
+        f_gate = act[b, hidden + j]
+        g_gate = act[b, 2 * hidden + j]
+        g = dc[b, j]
+        dgates[b, j] = g * g_gate * i_gate * (1 - i_gate)
+        dgates[b, hidden + j] = g * c_prev[b, j] * f_gate * (1 - f_gate)
+        dgates[b, 2 * hidden + j] = g * i_gate * (1 - g_gate * g_gate)
+        dgates[b, 3 * hidden + j] = 0
+        dc_prev[b, j] = g * f_gate
+
+
+@cuda.jit
+def _lstm_hidden_kernel(h, act, gates, c):
+    hidden = c.shape[1]
+    for flat in range(cuda.grid(1), h.shape[0] * hidden, cuda.gridsize(1)):
+        b = flat // hidden
+        j = flat % hidden
+        act[b, j] = _sigmoid(gates[b, 3 * hidden + j])
+        act[b, hidden + j] = math.tanh(c[b, j])
+        h[b, j] = act[b, j] * act[b, hidden + j]
+
+
+@cuda.jit
+def _lstm_hidden_back_kernel(dgates, dc, act, dh):
+    hidden = dh.shape[1]
+    for flat in range(cuda.grid(1), dh.shape[0] * hidden, cuda.gridsize(1)):
+        b = flat // hidden
+        j = flat % hidden
+        o_gate = act[b, j]
+        tanh_c = act[b, hidden + j]
+        g = dh[b, j]
+        dgates[b, j] = 0
+        dgates[b, hidden + j] = 0
+        dgates[b, 2 * hidden + j] = 0
+        dgates[b, 3 * hidden + j] = g * tanh_c * o_gate * (1 - o_gate)
+        dc[b, j] = g * o_gate * (1 - tanh_c * tanh_c)
+
+
+def _cell_launch(kernel, batch, hidden, *args):
+    if batch * hidden:
+        _launch(kernel, _blocks(batch * hidden), THREADS, *args)
+
+
+def gru_gates(gi, gh, h_prev):
+    """GRU cell after its products (see reference.gru_gates): -> (h (B, H), gates (B, 3H))."""
+    batch, hidden = h_prev.shape
+    h = _empty((batch, hidden), gi.dtype)
+    gates = _empty(gi.shape, gi.dtype)
+    _cell_launch(_gru_gates_kernel, batch, hidden, h, gates, gi, gh, h_prev)
+    return h, gates
+
+
+def gru_gates_back(gates, gh, h_prev, dh):
+    batch, hidden = h_prev.shape
+    dgi = _empty(gates.shape, gates.dtype)
+    dgh = _empty(gates.shape, gates.dtype)
+    dh_prev = _empty((batch, hidden), gates.dtype)
+    _cell_launch(_gru_gates_back_kernel, batch, hidden, dgi, dgh, dh_prev, gates, gh, h_prev, dh)
+    return dgi, dgh, dh_prev
+
+
+def lstm_cell_state(gates, c_prev):
+    """LSTM cell state (see reference.lstm_cell_state): -> (c (B, H), act (B, 3H))."""
+    batch, hidden = c_prev.shape
+    c = _empty((batch, hidden), gates.dtype)
+    act = _empty((batch, 3 * hidden), gates.dtype)
+    _cell_launch(_lstm_cell_state_kernel, batch, hidden, c, act, gates, c_prev)
+    return c, act
+
+
+def lstm_cell_state_back(act, c_prev, dc):
+    batch, hidden = c_prev.shape
+    dgates = _empty((batch, 4 * hidden), act.dtype)
+    dc_prev = _empty((batch, hidden), act.dtype)
+    _cell_launch(_lstm_cell_state_back_kernel, batch, hidden, dgates, dc_prev, act, c_prev, dc)
+    return dgates, dc_prev
+
+
+def lstm_hidden(gates, c):
+    """LSTM hidden state (see reference.lstm_hidden): -> (h (B, H), act (B, 2H))."""
+    batch, hidden = c.shape
+    h = _empty((batch, hidden), gates.dtype)
+    act = _empty((batch, 2 * hidden), gates.dtype)
+    _cell_launch(_lstm_hidden_kernel, batch, hidden, h, act, gates, c)
+    return h, act
+
+
+def lstm_hidden_back(act, dh):
+    batch, hidden = dh.shape
+    dgates = _empty((batch, 4 * hidden), act.dtype)
+    dc = _empty((batch, hidden), act.dtype)
+    _cell_launch(_lstm_hidden_back_kernel, batch, hidden, dgates, dc, act, dh)
+    return dgates, dc
+
+
+# ---------------------------------------------------------------- the table
+
+KERNELS = {
+    "gru_gates": gru_gates, "gru_gates_back": gru_gates_back, "lstm_cell_state": lstm_cell_state,
+    "lstm_cell_state_back": lstm_cell_state_back, "lstm_hidden": lstm_hidden,
+    "lstm_hidden_back": lstm_hidden_back,
+}
