@@ -427,3 +427,20 @@ def test_reading_with_numpy_is_free_and_every_cpu_array_is_read_only():
     assert x.version == 0
     y.backward()
     np.testing.assert_allclose(x.grad.numpy(), [2.0, 4.0])
+
+
+@pytest.mark.parametrize("device", ["numpy", "cpu"])
+def test_a_module_moved_between_host_devices_owns_its_memory_and_trains(device):
+    layer = ta.nn.Linear(3, 2)
+    before = layer.weight.numpy().copy()
+    moved = ta.nn.Linear(3, 2)
+    moved.load_state_dict(layer.state_dict())
+    moved.to("numpy" if device == "cpu" else "cpu").to(device)
+    opt = ta.optim.SGD(moved.parameters(), lr=0.5)
+    moved(Tensor(np.ones((1, 3)), device=moved.weight.device)).sum().backward()
+    opt.step()                                      # its arrays are writable, and its own
+    assert not np.allclose(moved.weight.numpy(), before)
+    np.testing.assert_array_equal(layer.weight.numpy(), before)
+    x = Tensor([1.0, 2.0], requires_grad=True)
+    y = x.to("numpy")
+    assert not np.shares_memory(x.numpy(), y.numpy())

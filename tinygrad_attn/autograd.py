@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import operator
 import os
 import threading
 import traceback
@@ -267,7 +268,7 @@ class Op:
             _share_version(out, inputs)
         if record:
             where = _user_frame() if _state.anomaly else None
-            out.node = Node(op, inputs, current_scope(), where)
+            out.node = Node(op, inputs, current_scope(), where, out._version.count)
         return out
 
     def attrs_text(self) -> str:
@@ -313,6 +314,10 @@ def _user_frame() -> str:
     return "unknown"
 
 
+# A tensor's version count, read in C (map over a node's inputs costs ~60 ns an input).
+_version_count = operator.attrgetter("_version.count")
+
+
 def _share_version(out, inputs) -> None:
     """``out``'s array is a view (a reshape, a slice): if it views an input's memory, the two
     share one version count, so a change through either is seen by graphs that saved the
@@ -337,14 +342,16 @@ class Node:
             ``backward`` checks: an op computes its gradient from the values it saw.
     """
 
-    __slots__ = ("op", "inputs", "scope", "where", "versions")
+    __slots__ = ("op", "inputs", "scope", "where", "versions", "out_version")
 
-    def __init__(self, op: Op, inputs: tuple, scope: str, where: str | None = None):
+    def __init__(self, op: Op, inputs: tuple, scope: str, where: str | None = None,
+                 out_version: int = 0):
         self.op = op
         self.inputs = inputs
         self.scope = scope
         self.where = where
-        self.versions = tuple([t._version.count for t in inputs])
+        self.versions = tuple(map(_version_count, inputs))
+        self.out_version = out_version      # the output's count when made (a view shares one)
 
     @property
     def op_name(self) -> str:
@@ -542,7 +549,9 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
                 f"{' in ' + repr(node.scope) if node.scope else ''} were freed by an earlier "
                 f"backward(); pass retain_graph=True to the first call to backward twice"
             )
-        _check_versions(t, node)
+        if node.versions != tuple(map(_version_count, node.inputs)) or \
+                t._version.count != node.out_version:
+            _changed_in_place(t, node)
         input_grads = op.backward(g)
         if len(input_grads) != len(node.inputs):
             raise RuntimeError(f"{op.name}.backward returned {len(input_grads)} gradients "
@@ -567,18 +576,12 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
         t._accumulate_grad(g)
 
 
-def _check_versions(t, node: Node) -> None:
-    """Refuse to differentiate ``node`` if an input, or its output ``t``, changed in place
-    after the op ran: its saved values would no longer be the ones it computed with."""
-    # The output's own count: it may share an input's (a view), else it started at 0.
-    made = 0
+def _changed_in_place(t, node: Node):
+    """Name what changed in place since ``node``'s op ran: an input, or its output ``t``."""
     for k, (inp, seen) in enumerate(zip(node.inputs, node.versions, strict=True)):
-        if inp._version is t._version:
-            made = seen
         if inp._version.count != seen:
             _changed(node, f"input {k} ({_describe(inp)})", seen, inp._version.count)
-    if t._version.count != made:
-        _changed(node, f"its output ({_describe(t)})", made, t._version.count)
+    _changed(node, f"its output ({_describe(t)})", node.out_version, t._version.count)
 
 
 def _describe(t) -> str:

@@ -257,7 +257,9 @@ class Tensor:
             raise RuntimeError(f"to({device!r}): a tensor made by {self.node.op_name} cannot move "
                                f"devices; move the leaves and parameters before computing")
         target = get_backend(device)
-        out = Tensor._make(target.asarray(self.numpy(), self.dtype), target, self.requires_grad)
+        # Always a copy, also between the two host devices: the moved tensor owns its memory.
+        host = np.array(self.backend.to_numpy(self._data), copy=True)
+        out = Tensor._make(target.asarray(host, self.dtype), target, self.requires_grad)
         out.name = self.name
         return out
 

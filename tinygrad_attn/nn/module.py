@@ -180,7 +180,7 @@ class Module:
         """
         for p in self.parameters():
             moved = p.to(device)
-            p.data, p.backend, p.grad = moved.data, moved.backend, None
+            p.data, p.backend, p.grad = moved._data, moved.backend, None
         return self
 
     def float(self) -> Module:
