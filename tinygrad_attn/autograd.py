@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import operator
 import os
 import threading
 import traceback
@@ -314,8 +313,15 @@ def _user_frame() -> str:
     return "unknown"
 
 
-# A tensor's version count, read in C (map over a node's inputs costs ~60 ns an input).
-_version_count = operator.attrgetter("_version.count")
+def _counts(tensors: tuple) -> tuple:
+    """The tensors' version counts.  Every recorded op and every backward step reads them,
+    so the usual one and two inputs are spelled out: ~80 ns against ~240 for the loop."""
+    n = len(tensors)
+    if n == 1:
+        return (tensors[0]._version.count,)
+    if n == 2:
+        return (tensors[0]._version.count, tensors[1]._version.count)
+    return tuple([t._version.count for t in tensors])
 
 
 def _share_version(out, inputs) -> None:
@@ -350,7 +356,7 @@ class Node:
         self.inputs = inputs
         self.scope = scope
         self.where = where
-        self.versions = tuple(map(_version_count, inputs))
+        self.versions = _counts(inputs)
         self.out_version = out_version      # the output's count when made (a view shares one)
 
     @property
@@ -549,7 +555,7 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
                 f"{' in ' + repr(node.scope) if node.scope else ''} were freed by an earlier "
                 f"backward(); pass retain_graph=True to the first call to backward twice"
             )
-        if node.versions != tuple(map(_version_count, node.inputs)) or \
+        if node.versions != _counts(node.inputs) or \
                 t._version.count != node.out_version:
             _changed_in_place(t, node)
         input_grads = op.backward(g)

@@ -77,10 +77,9 @@ class Version:
     version counter for the same reason).
     """
 
-    __slots__ = ("count",)
-
-    def __init__(self):
-        self.count = 0
+    # A class default, not __init__: every tensor an op makes gets a Version, and this way
+    # making one costs ~85 ns instead of ~145 (the first change gives the instance its own).
+    count = 0
 
 
 class Tensor:
