@@ -75,8 +75,7 @@ class TorchG2P(torch.nn.Module if torch else object):
                  "attention.W_q": "W_q", "attention.W_k": "W_k", "attention.v": "v"}
         if self.style == "luong":
             names = {"attention.W": "W_a", "attention_vector.W_c.weight": "W_c.weight"}
-        self.load_state_dict({names.get(k, k): torch.from_numpy(v.copy())
-                              for k, v in model.state_dict().items()})
+        self.load_state_dict({names.get(k, k): torch.from_numpy(v) for k, v in model.state_dict().items()})
 
     def encode(self, src):
         mask = src != PAD                                                      # (B, S)
@@ -223,9 +222,8 @@ def main(argv=None) -> None:
         raise SystemExit(f"{settings_file} not found: start the engine's run first "
                          f"(python examples/g2p_cmudict.py --out {engine_dir} ...)")
     settings = json.loads(settings_file.read_text())
-    kind, style = settings["attention"][0], settings.get("style", "bahdanau")
-    if style == "paper":                     # examples/g2p_cmudict.py's style_of
-        style = "bahdanau" if kind == "additive" else "luong"
+    kind = settings["attention"][0]
+    style = settings["styles"][kind]         # the decoder the engine's run gave that score
     if (kind, style) not in (("additive", "bahdanau"), ("general", "luong")) or not settings["bidirectional"]:
         raise SystemExit(f"the torch twin is written for a bidirectional encoder with additive "
                          f"(bahdanau) or general (luong) attention, not {kind} ({style})")

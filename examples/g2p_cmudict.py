@@ -190,7 +190,8 @@ def main(argv=None) -> list[dict]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     # bench/g2p_torch.py reads the settings to build and train the same model alongside.
-    (out / "settings.json").write_text(json.dumps(vars(args), indent=1))
+    settings = vars(args) | {"styles": {kind: style_of(kind, args.style) for kind in args.attention}}
+    (out / "settings.json").write_text(json.dumps(settings, indent=1))
     results = [run(kind, task, args, out) for kind in args.attention]
     (out / "results.json").write_text(json.dumps({"settings": vars(args), "results": results}, indent=1))
     text = table(results, args.beam)

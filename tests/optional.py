@@ -23,10 +23,10 @@ def missing(reason: str):
 
 def module(name: str, reason: str):
     """Import ``name``, or skip (fail when extras are required) with ``reason``."""
-    try:
-        return importlib.import_module(name)
-    except ImportError:
+    found = _try_import(name)
+    if found is None:
         missing(reason)
+    return found
 
 
 def _try_import(name: str):

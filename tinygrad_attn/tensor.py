@@ -256,9 +256,10 @@ class Tensor:
             raise RuntimeError(f"to({device!r}): a tensor made by {self.node.op_name} cannot move "
                                f"devices; move the leaves and parameters before computing")
         target = get_backend(device)
-        # Always a copy, also between the two host devices: the moved tensor owns its memory.
-        host = np.array(self.backend.to_numpy(self._data), copy=True)
-        out = Tensor._make(target.asarray(host, self.dtype), target, self.requires_grad)
+        data = target.asarray(self.backend.to_numpy(self._data), self.dtype)
+        if data is self._data:      # between the two host devices nothing was copied yet
+            data = target.copy(data)
+        out = Tensor._make(data, target, self.requires_grad)
         out.name = self.name
         return out
 
