@@ -20,7 +20,8 @@ test: setup dot lint
 # The CUDA tests again, under Numba's CUDA simulator (no GPU needed; tiny shapes).  A second
 # run, because the simulator is chosen when numba is first imported; in the first run these
 # tests skip unless there is a GPU.
-CUDA_TESTS := tests/test_cuda.py tests/test_cuda_ptx.py tests/test_conformance.py tests/test_backends.py tests/test_optim.py
+CUDA_TESTS := tests/test_cuda.py tests/test_cuda_ptx.py tests/test_conformance.py tests/test_backends.py tests/test_optim.py \
+	tests/test_formulas.py
 
 test-cuda: setup
 	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -k cuda $(CUDA_TESTS)

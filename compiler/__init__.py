@@ -7,6 +7,10 @@ so a new device can replace one kernel at a time and stays complete meanwhile.
     >>> from tinygrad_attn.compiler import get_backend
     >>> get_backend("numpy").tanh(np.zeros(3))
 
+Elementwise kernels are not written per device: each comes from one sympy formula
+(``define_elementwise``, ``formulas.py``), which every device turns into its own kernel on
+first call through its ``build`` (reference/, cpu/ and cuda/ ``elementwise.build``).
+
 Devices:
     "numpy"  plain numpy, the reference implementation and the oracle in tests.
     "cpu"    the default device: Numba kernels (compiler/cpu/) for softmax-shaped work
@@ -26,13 +30,15 @@ import os
 import sys
 from collections.abc import Callable
 
-from . import reference
+from . import formulas, reference
 from .allocator import keep_freed_memory
+from .formulas import Formula, Kernel
 
 keep_freed_memory()
 
 __all__ = ["Backend", "get_backend", "register_backend", "available_devices", "keep_freed_memory",
-           "DeviceUnavailableError", "cuda_problem"]
+           "DeviceUnavailableError", "cuda_problem", "define_elementwise", "elementwise_formulas",
+           "Formula"]
 
 
 class DeviceUnavailableError(RuntimeError):
@@ -47,8 +53,11 @@ class Backend:
     the instance, so a lookup on the hot path is a plain attribute read.
     """
 
-    def __init__(self, name: str, kernels: dict[str, Callable], parent: Backend | None = None):
+    def __init__(self, name: str, kernels: dict[str, Callable], parent: Backend | None = None,
+                 build: Callable[[Kernel], Callable] | None = None):
         self.name = name
+        # Turns a kernel generated from a formula into this device's callable.
+        self.build = build
         self.kernels = dict(kernels)
         self.parent = parent
         self.children: list[Backend] = []
@@ -77,6 +86,20 @@ class Backend:
         self.kernels[kernel_name] = fn
         self._refresh()
 
+    def add_formula(self, formula: Formula) -> None:
+        """Give this device ``formula``'s kernels, each built on its first call."""
+        for index, kernel_name in enumerate(formula.kernel_names()):
+            self.kernels[kernel_name] = _first_call(self, formula, index)
+        self._refresh()
+
+    def build_all(self) -> None:
+        """Build every generated kernel still waiting for its first call: a warm-up before
+        timing, and what makes ``table()`` say which kernels this device runs itself."""
+        for fn in list(self.table().values()):
+            install = getattr(fn, "install", None)
+            if install is not None:
+                install()
+
     def kernel_names(self) -> list[str]:
         return sorted(self.table())
 
@@ -85,10 +108,67 @@ class Backend:
         return f"Backend({self.name!r}, {len(self.kernels)} own kernels, parent={parent!r})"
 
 
+def _first_call(backend: Backend, formula: Formula, index: int) -> Callable:
+    """A stand-in for a formula's kernel: derives it (or reads it from the cache), builds the
+    device's callable, puts that in the table and runs it."""
+    kernel_name = formula.kernel_names()[index]
+
+    def install() -> Callable:
+        plan = formulas.plan(formula)
+        fn = backend.build(plan.forward if index == 0 else plan.backward[index - 1])
+        if fn is None:                 # the device runs its parent's kernel
+            backend.kernels.pop(kernel_name, None)
+            backend._refresh()
+            inherited = getattr(backend.parent, kernel_name)
+            return inherited.install() if hasattr(inherited, "install") else inherited
+        backend.register_kernel(kernel_name, fn)
+        return fn
+
+    def first_call(*args):
+        return install()(*args)
+
+    first_call.__name__ = kernel_name
+    first_call.install = install
+    return first_call
+
+
+_FORMULAS: dict[str, Formula] = {}
+
+
+def elementwise_formulas() -> list[Formula]:
+    """Every formula the devices generate kernels from: the ops' and the compiler's own."""
+    return list(_FORMULAS.values())
+
+
+def define_elementwise(formula: Formula) -> None:
+    """Give every device the kernels of ``formula`` (forward and one backward per input),
+    generated from it on first call.  Defining a formula of the same name again replaces
+    it; a name another kernel has is refused."""
+    for kernel_name in formula.kernel_names():
+        if kernel_name in _REFERENCE.kernels and not any(
+                kernel_name in known.kernel_names() for known in _FORMULAS.values()):
+            raise ValueError(f"elementwise formula {formula.name!r}: the kernel name {kernel_name!r} "
+                             f"is taken by another kernel; name the op differently")
+    _FORMULAS[formula.name] = formula
+    for backend in _BACKENDS.values():
+        if backend.build is not None:
+            backend.add_formula(formula)
+
+
+def _build_cpu(kernel: Kernel) -> Callable | None:
+    # A formula that is one numpy call (tanh, a product) is one SIMD pass already: the
+    # reference's (None).  Numba pays where numpy would make several passes (sigmoid 14x,
+    # the *_back products 1.2-1.5x).
+    if kernel.identity or kernel.ufunc is not None or kernel.operations <= 1:
+        return None
+    from .cpu import elementwise
+
+    return elementwise.build(kernel)
+
+
 # The kernels compiler/cpu/ overrides.  Listed here so that importing
 # the package does not import Numba (~0.2 s): the first call of any of them loads them all.
-CPU_KERNELS = ("sigmoid", "tanh_back", "sigmoid_back", "relu_back",
-               "softmax", "softmax_back", "log_softmax", "log_softmax_back", "masked_softmax",
+CPU_KERNELS = ("softmax", "softmax_back", "log_softmax", "log_softmax_back", "masked_softmax",
                "cross_entropy", "cross_entropy_back", "embedding_back", "additive_scores",
                "additive_scores_back", "sdpa", "sdpa_back",
                "gru_gates", "gru_gates_back", "lstm_cell_state", "lstm_cell_state_back",
@@ -108,12 +188,15 @@ def _load_cpu_kernels(name: str) -> Callable:
     return first_call
 
 
-_REFERENCE = Backend("numpy", reference.KERNELS)
+_REFERENCE = Backend("numpy", reference.KERNELS, build=reference.elementwise.build)
 _BACKENDS: dict[str, Backend] = {
     "numpy": _REFERENCE,
     # The default device: Numba kernels (compiler/cpu/) override reference ones by name.
-    "cpu": Backend("cpu", {name: _load_cpu_kernels(name) for name in CPU_KERNELS}, parent=_REFERENCE),
+    "cpu": Backend("cpu", {name: _load_cpu_kernels(name) for name in CPU_KERNELS}, parent=_REFERENCE,
+                   build=_build_cpu),
 }
+for _selection in formulas.SELECTION:
+    define_elementwise(_selection)
 
 
 def register_backend(backend: Backend) -> None:
@@ -193,6 +276,8 @@ def _load_cuda() -> Backend:
         raise DeviceUnavailableError(f"device 'cuda' is not available: {problem}")
     from . import cuda
 
-    backend = Backend("cuda", cuda.KERNELS)
+    backend = Backend("cuda", cuda.KERNELS, build=cuda.elementwise.build)
+    for formula in _FORMULAS.values():
+        backend.add_formula(formula)
     _BACKENDS["cuda"] = backend
     return backend

@@ -2,7 +2,7 @@
 
 The simulator runs the kernels as Python, so it cannot tell whether Numba can compile them
 for a GPU (typing, lowering, NVVM).  This script can, given a CUDA toolkit (NVVM and
-libdevice) but no GPU and no driver: it calls every kernel of compiler/cuda.py on the
+libdevice) but no GPU and no driver: it calls every kernel of compiler/cuda/ on the
 arguments of the conformance generators (tests/test_conformance.py), with numpy arrays
 standing in for device arrays and every launch recorded instead of run, then compiles each
 recorded (kernel, argument types) with ``numba.cuda.compile_ptx``.
@@ -64,12 +64,20 @@ def record_launches(kernels):
             return [np.array(x, order="C") for x in a]
         return a
 
-    for generator in _conformance_generators():
+    generators = _conformance_generators()        # imports the package: the ops' formulas
+    from tinygrad_attn.compiler import elementwise_formulas, formulas
+
+    # The device's table as it will be on a GPU: its own kernels, and every formula's.
+    table = dict(kernels.KERNELS)
+    for formula in elementwise_formulas():
+        plan = formulas.plan(formula)
+        table.update({k.name: kernels.elementwise.build(k) for k in (plan.forward, *plan.backward)})
+    for generator in generators:
         for dtype in (np.float32, np.float64):
             for shape in ((2, 3), (3, 2, 4)):
                 for name, args in generator(np.random.default_rng(0), dtype, shape):
                     with np.errstate(all="ignore"):
-                        kernels.KERNELS[name](*(contiguous(a) for a in args))
+                        table[name](*(contiguous(a) for a in args))
     return list(launched.values())
 
 

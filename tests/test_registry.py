@@ -53,12 +53,15 @@ class _Recording:
 
 
 def _device_tables() -> dict[str, set]:
-    from tinygrad_attn.compiler import cuda, get_backend
+    from tinygrad_attn.compiler import cuda, elementwise_formulas, get_backend
 
     # The cuda table is read from its module, which imports without a GPU (nothing compiles
-    # until a kernel is launched): what a GPU would run is checked on every machine.
+    # until a kernel is launched): what a GPU would run is checked on every machine.  The
+    # device adds every formula's kernels, built by cuda.elementwise.build, when it loads.
+    generated = {name for formula in elementwise_formulas() for name in formula.kernel_names()}
+    assert callable(cuda.elementwise.build)
     return {"numpy": set(get_backend("numpy").kernel_names()),
-            "cpu": set(get_backend("cpu").kernel_names()), "cuda": set(cuda.KERNELS)}
+            "cpu": set(get_backend("cpu").kernel_names()), "cuda": set(cuda.KERNELS) | generated}
 
 
 @pytest.mark.parametrize("name", OPS)

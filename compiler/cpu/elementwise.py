@@ -1,31 +1,68 @@
-"""The elementwise maps numpy runs as several passes, compiled from compiler/scalar.py's
-formulas: sigmoid (14x faster) and the ``*_back`` products (1.2-1.5x); numpy's own tanh,
-exp and arithmetic already run at SIMD speed."""
+"""Numba ufuncs built from the formulas (``formulas.py``): the elementwise kernels numpy
+would run as several passes over memory (sigmoid, the ``*_back`` products, relu), fused into
+one.  A formula that is one numpy call (tanh, exp, a product) stays numpy's, already SIMD.
+
+The printed scalar function goes into a small module in the kernel cache folder, named by a
+hash of its source and of ``numba_support`` (whose exp and tanh it inlines), so Numba's disk
+cache (``cache=True``) serves it from the second process on; ``numba.vectorize`` with
+explicit float32 and float64 signatures makes it a numpy ufunc (broadcasting, any layout).
+Serial: these are memory-bound, and a second thread did not pay here.
+"""
 
 from __future__ import annotations
 
-from numba import float32, float64, vectorize
+import hashlib
+import importlib.util
+import os
+import sys
 
-from .. import scalar
-from ..numba_support import FAST, _sigmoid
+from .. import formulas, numba_support
+from ..formulas import Kernel
+from ..reference.elementwise import quiet_overflow
 
-# numba.vectorize makes numpy ufuncs (broadcasting, any layout) of the scalar formulas in
-# compiler/scalar.py; explicit signatures compile them at import, from the disk cache after
-# the first time.  Serial: these are memory-bound, and a second thread did not pay here.
-_UNARY = [float32(float32), float64(float64)]
-_BINARY = [float32(float32, float32), float64(float64, float64)]
-_MAP = {"cache": True, "fastmath": FAST}
+_HEADER = f'''"""Generated from a formula (compiler/formulas.py); never edited."""
 
+import math
 
-@vectorize(_UNARY, **_MAP)
-def _sigmoid_map(x):
-    return _sigmoid(x)      # numba_support's: the vectorising float32 exp inside
+from numba import boolean, float32, float64, vectorize
 
-
-_tanh_back_map = vectorize(_BINARY, **_MAP)(scalar.tanh_back)
-_sigmoid_back_map = vectorize(_BINARY, **_MAP)(scalar.sigmoid_back)
-_relu_back_map = vectorize(_BINARY, **_MAP)(scalar.relu_back)
+from {numba_support.__name__} import FAST, _exp, _like, _tanh
+'''
 
 
-KERNELS = {"sigmoid": _sigmoid_map, "tanh_back": _tanh_back_map, "sigmoid_back": _sigmoid_back_map,
-           "relu_back": _relu_back_map}
+def _support_hash() -> str:
+    with open(numba_support.__file__, "rb") as source:
+        return hashlib.sha256(source.read()).hexdigest()
+
+
+_SUPPORT = _support_hash()
+
+
+def _signature(kernel: Kernel, width: int) -> str:
+    real = f"float{width}"
+    args = ["boolean" if a in kernel.bools else real for a in kernel.args] + [real] * len(kernel.params)
+    return f"{'boolean' if kernel.boolean else real}({', '.join(args)})"
+
+
+def module_source(kernel: Kernel) -> str:
+    signatures = f"[{_signature(kernel, 32)}, {_signature(kernel, 64)}]"
+    return (f"{_HEADER}\n\n@vectorize({signatures}, cache=True, fastmath=FAST)\n{kernel.numba}")
+
+
+def build(kernel: Kernel):
+    """The Numba ufunc of ``kernel``, from its module in the cache folder."""
+    source = module_source(kernel)
+    digest = hashlib.sha256((source + _SUPPORT).encode()).hexdigest()[:20]
+    module_name = f"{kernel.name}_{digest}"
+    path = os.path.join(formulas.cache_dir(), "numba", f"{module_name}.py")
+    if not os.path.exists(path):
+        formulas.write_atomically(path, source)
+    spec = importlib.util.spec_from_file_location(f"{__name__}.generated.{module_name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    ufunc = getattr(module, kernel.name)
+    return quiet_overflow(ufunc) if kernel.overflows else ufunc
+
+
+KERNELS: dict = {}

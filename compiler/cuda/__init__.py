@@ -15,8 +15,9 @@ for a GPU; the simulator's are below):
 * elementwise maps and their backwards, comparisons, ``where``, ``astype``/``copy``/``zeros``/
   ``full``, the embedding lookup, ``cross_entropy_back``, ``nll_loss``(+back), the GRU/LSTM
   gates and ``additive_scores``(+back): one thread per output entry (or row), grid-stride
-  loops, [min(ceil(n/T), 8192) blocks x T=256 threads].  The formulas come from
-  ``scalar.py``.  Binary and ternary maps broadcast as numpy does: each operand is read
+  loops, [min(ceil(n/T), 8192) blocks x T=256 threads].  The elementwise kernels are
+  generated from the ops' formulas (``formulas.py``, ``elementwise.build``).  Binary and
+  ternary maps broadcast as numpy does: each operand is read
   through its own strides, 0 along broadcast axes, so nothing is expanded in memory.
 * movement: ``reshape`` is a view; ``permute``, ``broadcast_to``, ``getitem`` (basic indices:
   one strided copy; integer or boolean arrays: a gather), ``getitem_back`` (strided copy, or

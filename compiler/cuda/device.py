@@ -9,8 +9,6 @@ import numba
 import numpy as np
 from numba import cuda
 
-from .. import reference
-
 SIMULATOR = bool(numba.config.ENABLE_CUDASIM)
 
 # Numba warns on every launch of fewer than 128 blocks; small tensors make small grids by
@@ -96,14 +94,6 @@ def _at(i, shape, strides):
         offset += (i % shape[d]) * strides[d]
         i //= shape[d]
     return offset
-
-
-@functools.cache
-def _result_dtype(name: str, dtypes: tuple) -> np.dtype:
-    """The dtype the numpy reference kernel gives for inputs of these dtypes (int / int is
-    float64, comparisons are bool, ...): the output dtype of the kernel of the same name."""
-    with np.errstate(all="ignore"):
-        return getattr(reference, name)(*(np.ones(1, d) for d in dtypes)).dtype
 
 
 def _per_dtype(build):

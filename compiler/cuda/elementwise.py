@@ -1,84 +1,50 @@
-"""Elementwise maps and their backwards, from compiler/scalar.py's formulas; comparisons,
-``where`` and the in-place add."""
+"""Elementwise kernels built from the formulas (``formulas.py``), and the in-place add.
+
+A formula's printed scalar function becomes a device function; a kernel around it runs one
+thread per output entry in a grid-stride loop.  Operands broadcast as numpy's do: each is
+read through its own strides, 0 along broadcast axes, so nothing is expanded in memory.
+"""
 
 from __future__ import annotations
+
+import functools
+import math
 
 import numpy as np
 from numba import cuda
 
-from .. import scalar
-from .device import (
-    THREADS,
-    _at,
-    _blocks,
-    _broadcast_strides,
-    _collapse,
-    _empty,
-    _flat,
-    _launch,
-    _result_dtype,
-    _strides,
-)
+from .. import reference
+from ..formulas import Kernel
+from .device import THREADS, _at, _blocks, _broadcast_strides, _collapse, _empty, _flat, _launch, _strides
 
 
-def _map_kernel(fn):
-    f = cuda.jit(device=True)(fn)
-
-    @cuda.jit
-    def map_run(out, a):
-        for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-            out[i] = f(a[i])
-
-    return map_run
-
-
-def _map_param_kernel(fn):
-    f = cuda.jit(device=True)(fn)
-
-    @cuda.jit
-    def map_param_run(out, a, param):
-        for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-            out[i] = f(a[i], param)
-
-    return map_param_run
+def _launcher_source(arrays: int, params: int, same_shape: bool) -> str:
+    """The kernel around device function ``f``: every operand flat, broadcast ones read
+    through their strides (``same_shape``: one operand the output's shape, read directly)."""
+    names = [f"a{i}" for i in range(arrays)]
+    scalars = [f"p{i}" for i in range(params)]
+    if same_shape:
+        signature = ["out", *names, *scalars]
+        reads = [f"{n}[i]" for n in names]
+    else:
+        signature = ["out", *(x for n in names for x in (n, f"{n}_strides")), "shape", *scalars]
+        reads = [f"{n}[_at(i, shape, {n}_strides)]" for n in names]
+    return (f"def run({', '.join(signature)}):\n"
+            f"    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):\n"
+            f"        out[i] = f({', '.join([*reads, *scalars])})\n")
 
 
-def _zip_kernel(fn):
-    f = cuda.jit(device=True)(fn)
-
-    @cuda.jit
-    def zip_run(out, a, a_strides, b, b_strides, shape):
-        for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-            out[i] = f(a[_at(i, shape, a_strides)], b[_at(i, shape, b_strides)])
-
-    return zip_run
-
-
-def _zip_param_kernel(fn):
-    f = cuda.jit(device=True)(fn)
-
-    @cuda.jit
-    def zip_param_run(out, a, a_strides, b, b_strides, shape, param):
-        for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-            out[i] = f(a[_at(i, shape, a_strides)], b[_at(i, shape, b_strides)], param)
-
-    return zip_param_run
-
-
-def _zip3_kernel(fn):
-    f = cuda.jit(device=True)(fn)
-
-    @cuda.jit
-    def zip3_run(out, a, a_strides, b, b_strides, c, c_strides, shape):
-        for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-            out[i] = f(a[_at(i, shape, a_strides)], b[_at(i, shape, b_strides)],
-                       c[_at(i, shape, c_strides)])
-
-    return zip3_run
+def _compile(kernel: Kernel, same_shape: bool):
+    namespace = {"math": math}
+    exec(compile(kernel.scalar, f"<kernel {kernel.name}>", "exec"), namespace)  # noqa: S102 - printed formula
+    scope = {"cuda": cuda, "_at": _at, "f": cuda.jit(device=True)(namespace[kernel.name])}
+    exec(compile(_launcher_source(len(kernel.args), len(kernel.params), same_shape),  # noqa: S102
+                 f"<kernel {kernel.name} launcher>", "exec"), scope)
+    return cuda.jit(scope["run"])
 
 
 def _broadcast_launch(kernel, out_dtype, arrays, params=()):
-    """Run a zip kernel over the broadcast shape of ``arrays``; returns the output."""
+    """Run a broadcasting kernel over the broadcast shape of ``arrays``; returns the output."""
     shape = tuple(np.broadcast_shapes(*(tuple(a.shape) for a in arrays)))
     out = _empty(shape, out_dtype)
     if out.size:
@@ -88,30 +54,48 @@ def _broadcast_launch(kernel, out_dtype, arrays, params=()):
     return out
 
 
-def _map(name):
-    kernel = _map_kernel(scalar.MAPS[name])
+def _identity(dy):
+    return dy
 
-    def run(x):
-        out = _empty(x.shape, _result_dtype(name, (x.dtype,)))
-        if out.size:
-            _launch(kernel, _blocks(out.size), THREADS, _flat(out), _flat(x))
-        return out
 
-    run.__name__ = name
+def build(kernel: Kernel):
+    """A function of device arrays (and scalar parameters) computing ``kernel``."""
+    if kernel.identity:
+        return _identity
+    on_host = reference.elementwise.build(kernel)
+    count = len(kernel.args)
+
+    @functools.cache
+    def out_dtype(dtypes):
+        # What numpy gives for these dtypes (int / int is float64, comparisons bool).
+        with np.errstate(all="ignore"):
+            ones = [np.ones(1, d) for d in dtypes]
+            return np.asarray(on_host(*ones, *[1.0] * len(kernel.params))).dtype
+
+    mapped = _compile(kernel, same_shape=True) if count == 1 else None
+    broadcast = _compile(kernel, same_shape=False) if count > 1 else None
+
+    def run(*operands):
+        arrays, params = operands[:count], operands[count:]
+        dtype = out_dtype(tuple(a.dtype for a in arrays))
+        if params:      # in the arrays' float type, as the host kernels compute them
+            params = tuple(dtype.type(p) for p in params) if dtype.kind == "f" else params
+        if mapped is not None:
+            (x,) = arrays
+            out = _empty(x.shape, dtype)
+            if out.size:
+                _launch(mapped, _blocks(out.size), THREADS, _flat(out), _flat(x), *params)
+            return out
+        return _broadcast_launch(broadcast, dtype, arrays, params)
+
+    run.__name__ = kernel.name
     return run
 
 
-def _zip(name):
-    kernel = _zip_kernel(scalar.ZIPS[name]) if name in scalar.ZIPS else _zip3_kernel(scalar.ZIPS3[name])
-
-    def run(*arrays):
-        return _broadcast_launch(kernel, _result_dtype(name, tuple(a.dtype for a in arrays)), arrays)
-
-    run.__name__ = name
-    return run
-
-
-_add_kernel = _zip_kernel(scalar.add)
+@cuda.jit
+def _add_into(out, out_strides, b, b_strides, shape):
+    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
+        out[_at(i, shape, out_strides)] += b[_at(i, shape, b_strides)]
 
 
 def add_(a, b):
@@ -119,37 +103,8 @@ def add_(a, b):
     if a.size:
         dims, (a_strides, b_strides) = _collapse(a.shape, _strides(a.shape),
                                                  _broadcast_strides(b.shape, a.shape))
-        flat = _flat(a)
-        _launch(_add_kernel, _blocks(a.size), THREADS, flat, flat, a_strides, _flat(b), b_strides, dims)
+        _launch(_add_into, _blocks(a.size), THREADS, _flat(a), a_strides, _flat(b), b_strides, dims)
     return a
 
 
-_leaky_relu_kernel = _map_param_kernel(scalar.leaky_relu)
-_leaky_relu_back_kernel = _zip_param_kernel(scalar.leaky_relu_back)
-
-
-def leaky_relu(x, negative_slope):
-    out = _empty(x.shape, x.dtype)
-    if out.size:
-        slope = x.dtype.type(negative_slope)
-        _launch(_leaky_relu_kernel, _blocks(out.size), THREADS, _flat(out), _flat(x), slope)
-    return out
-
-
-def leaky_relu_back(x, dy, negative_slope):
-    return _broadcast_launch(_leaky_relu_back_kernel, dy.dtype, (x, dy), (dy.dtype.type(negative_slope),))
-
-
-# Comparisons give bool; max_back finds the tied maxima with it.
-_equal = _zip("eq")
-
-
-# ---------------------------------------------------------------- the table
-
-KERNELS = {
-    "add_": add_,
-    **{name: _map(name) for name in scalar.MAPS},
-    **{name: _zip(name) for name in scalar.ZIPS if name != "eq"}, "eq": _equal,
-    **{name: _zip(name) for name in scalar.ZIPS3},
-    "leaky_relu": leaky_relu, "leaky_relu_back": leaky_relu_back,
-}
+KERNELS = {"add_": add_}

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 from numba import cuda
 
-from .. import scalar
+from .. import formulas
 from .device import MAX_BLOCKS, ROW_THREADS, _empty, _flat, _launch, _per_dtype
-from .elementwise import _broadcast_launch, _equal, _zip3_kernel
+from .elementwise import build
 from .memory import zeros
 from .movement import permute, reshape
 
@@ -140,16 +141,25 @@ def sum_to(x, shape):
     return reshape(_sum(x, axes, True), shape)
 
 
-_max_back_kernel = _zip3_kernel(scalar.max_back)
+# The tied maxima share dy evenly: a formula of the compiler's own, generated as the ops' are.
+_SHARE = formulas.Formula("max_back_share", ("hit", "dy", "count"),
+                          lambda sp, hit, dy, count: sp.Piecewise((dy / count, hit), (0, True)),
+                          bools=("hit",), grads=False, source="Piecewise((dy / count, hit), (0, True))")
 
+
+@functools.cache
+def _kernels():
+    equal = next(f for f in formulas.SELECTION if f.name == "eq")
+    return build(formulas.plan(equal).forward), build(formulas.plan(_SHARE).forward)
 
 
 def max_back(x, y_keep, dy_keep):
     """Gradient of max split evenly between tied maxima (the mean subgradient)."""
-    hit = _equal(x, y_keep)
+    equal, share = _kernels()
+    hit = equal(x, y_keep)
     reduced = tuple(i for i, n in enumerate(y_keep.shape) if n == 1)
     count = _sum(hit, reduced, True)
-    return _broadcast_launch(_max_back_kernel, x.dtype, (hit, dy_keep, count))
+    return share(hit, dy_keep, count)
 
 
 # ---------------------------------------------------------------- the table

@@ -6,10 +6,15 @@ import math
 
 from numba import cuda
 
-from .. import scalar
 from .device import THREADS, _blocks, _empty, _launch
 
-_sigmoid = cuda.jit(device=True)(scalar.sigmoid)
+
+@cuda.jit(device=True)
+def _sigmoid(x):
+    """1 / (1 + e^-x), raising e to non-positive powers only (no overflow for a large |x|)."""
+    e = math.exp(-abs(x))
+    s = 1.0 / (1.0 + e)
+    return s if x >= 0 else e * s
 
 
 @cuda.jit

@@ -1,12 +1,11 @@
-"""Elementwise maps, their backwards (vector-Jacobian products), comparisons and selection."""
+"""Elementwise kernels on numpy arrays: built from the formulas (``formulas.py``), plus the
+in-place add backward accumulates with."""
 
 from __future__ import annotations
 
 import numpy as np
 
-
-def add(a, b):
-    return np.add(a, b)
+from ..formulas import Kernel
 
 
 def add_(a, b):
@@ -18,119 +17,42 @@ def add_(a, b):
     return np.add(a, b)
 
 
-def sub(a, b):
-    return np.subtract(a, b)
+def _as(out, like):
+    """``out`` in ``like``'s float dtype: a literal of a formula (the 0 of relu) must not
+    widen float32 where numpy would promote it."""
+    if like.dtype.kind != "f" or out.dtype == like.dtype:
+        return out
+    return out.astype(like.dtype)
 
 
-def mul(a, b):
-    return np.multiply(a, b)
+def _identity(dy):
+    return dy
 
 
-def div(a, b):
-    return np.divide(a, b)
+def build(kernel: Kernel):
+    """A numpy function computing ``kernel``: numpy's own ufunc where the formula is exactly
+    one (``a * b`` is ``np.multiply``), else the printed expression, one numpy call per
+    operation."""
+    if kernel.identity:
+        return _identity
+    if kernel.ufunc is not None:
+        return getattr(np, kernel.ufunc)
+    namespace = {"numpy": np, "_as": _as}
+    exec(compile(kernel.numpy, f"<kernel {kernel.name}>", "exec"), namespace)  # noqa: S102 - our own printed formula
+    return quiet_overflow(namespace[kernel.name]) if kernel.overflows else namespace[kernel.name]
 
 
-def neg(x):
-    return np.negative(x)
+def quiet_overflow(fn):
+    """``fn`` with numpy's overflow warning off: inside a fused formula an infinity is an
+    intermediate value (1/(1 + e^800) = 0), as in PyTorch's kernels; invalid results (NaN)
+    and division by zero still warn."""
+
+    def run(*args):
+        with np.errstate(over="ignore"):
+            return fn(*args)
+
+    run.__name__ = fn.__name__
+    return run
 
 
-def pow(x, p):  # noqa: A001 - the kernel is named after the math
-    return np.power(x, p)
-
-
-def exp(x):
-    return np.exp(x)
-
-
-def log(x):
-    return np.log(x)
-
-
-def tanh(x):
-    return np.tanh(x)
-
-
-def sigmoid(x):
-    # exp of a non-positive number only: never overflows for large |x|.
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(x.dtype, copy=False)
-
-
-def relu(x):
-    return np.maximum(x, 0).astype(x.dtype, copy=False)
-
-
-def leaky_relu(x, negative_slope):
-    return np.where(x > 0, x, x * x.dtype.type(negative_slope))
-
-
-
-def div_back_b(a, b, dy):
-    """d(a/b)/db * dy = -a / b^2 * dy."""
-    return -dy * a / (b * b)
-
-
-def pow_back_base(x, p, dy):
-    return dy * p * np.power(x, p - 1)
-
-
-def pow_back_exponent(y, x, dy):
-    # d(x^p)/dp = x^p log x; only asked for when the exponent requires grad.
-    return dy * y * np.log(x)
-
-
-def tanh_back(y, dy):
-    """Uses the output y: d tanh = 1 - y^2."""
-    return (1 - y * y) * dy
-
-
-def sigmoid_back(y, dy):
-    """Uses the output y: d sigmoid = y (1 - y)."""
-    return y * (1 - y) * dy
-
-
-def relu_back(x, dy):
-    return np.where(x > 0, dy, 0).astype(dy.dtype, copy=False)
-
-
-def leaky_relu_back(x, dy, negative_slope):
-    return np.where(x > 0, dy, dy * dy.dtype.type(negative_slope))
-
-
-
-def eq(a, b):
-    return np.equal(a, b)
-
-
-def ne(a, b):
-    return np.not_equal(a, b)
-
-
-def lt(a, b):
-    return np.less(a, b)
-
-
-def le(a, b):
-    return np.less_equal(a, b)
-
-
-def gt(a, b):
-    return np.greater(a, b)
-
-
-def ge(a, b):
-    return np.greater_equal(a, b)
-
-
-def where(cond, a, b):
-    return np.where(cond, a, b)
-
-
-KERNELS = {
-    "add": add, "add_": add_, "sub": sub, "mul": mul, "div": div, "neg": neg, "pow": pow, "exp": exp,
-    "log": log, "tanh": tanh, "sigmoid": sigmoid, "relu": relu, "leaky_relu": leaky_relu,
-    "div_back_b": div_back_b, "pow_back_base": pow_back_base, "pow_back_exponent": pow_back_exponent,
-    "tanh_back": tanh_back, "sigmoid_back": sigmoid_back, "relu_back": relu_back,
-    "leaky_relu_back": leaky_relu_back, "eq": eq, "ne": ne, "lt": lt, "le": le, "gt": gt, "ge": ge,
-    "where": where,
-}
+KERNELS = {"add_": add_}

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .elementwise import sigmoid
+
+def sigmoid(x):
+    """1 / (1 + e^-x) with e raised to non-positive powers only (no overflow warning for a
+    large |x|), in x's dtype."""
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(x.dtype, copy=False)
 
 #
 # The elementwise part of a recurrent cell, after the two matrix products (left to BLAS).

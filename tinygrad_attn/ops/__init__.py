@@ -1,6 +1,7 @@
 """Every op of the engine, registered in ``registry``.
 
-Write your own the same way; it gets ``ta.check`` verification and graph records for free:
+Write your own the same way; it gets ``ta.check`` verification and graph records for free
+(an elementwise one needs only its formula: see ``Elementwise``):
 
     @ta.ops.register
     class MyOp(ta.ops.Op):
@@ -15,6 +16,7 @@ from .elementwise import (
     Add,
     Cast,
     Div,
+    Elementwise,
     Exp,
     LeakyRelu,
     Log,
@@ -35,7 +37,7 @@ from .reduce import Max, Mean, Sum
 from .rnn import GRUCell, GRUGates, LSTMCellState, LSTMHidden
 
 __all__ = [
-    "Op", "Example", "DeferredGrad", "register", "registry",
+    "Op", "Elementwise", "Example", "DeferredGrad", "register", "registry",
     "attention", "elementwise", "linalg", "movement", "nn", "reduce", "rnn",
     "Add", "Sub", "Mul", "Div", "Neg", "Pow", "Exp", "Log", "Tanh", "Sigmoid", "Relu",
     "LeakyRelu", "Where", "MaskedFill", "Cast", "Linear", "MatMul", "Reshape", "Permute", "Expand",

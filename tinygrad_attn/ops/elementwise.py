@@ -1,26 +1,157 @@
 """Elementwise ops.  Binary ops broadcast like numpy; backward sums each gradient back down
-to its input's shape (``sum_to``), so a broadcast input gets the total of its copies."""
+to its input's shape (``sum_to``), so a broadcast input gets the total of its copies.
+
+The arithmetic and activation ops are ``Elementwise`` ops: each states its math once, as the
+sympy formula of one entry (``symbolic``), and the compiler generates every device's forward
+and backward kernels from it (compiler/formulas.py).
+"""
 
 from __future__ import annotations
+
+import inspect
+import re
+from typing import ClassVar
 
 import numpy as np
 
 from ..autograd import Example, Op, register
+from ..compiler import Formula, define_elementwise, formulas
 from ._common import (
     broadcast_shape,
     check_bool,
     check_float,
     check_same_dtype,
     distinct,
-    elementwise,
     number,
     uniform,
 )
 
 
-def _check_binary(op, a, b) -> None:
-    check_same_dtype(op, a, b)
-    broadcast_shape(op, a, b)
+class Elementwise(Op):
+    """An op given by one formula: subclass, write ``symbolic(sp, x, ...)`` for a single
+    entry (scalar sympy symbols in, a sympy expression out) and ``examples``, and the op has
+    forward, backward (sympy's derivative) and kernels on every device.
+
+        >>> @ta.ops.register
+        ... class Softplus(ta.ops.Elementwise):
+        ...     '''y = log(1 + exp(x))'''
+        ...     @staticmethod
+        ...     def symbolic(sp, x):
+        ...         return sp.log(1 + sp.exp(x))
+        >>> y = Softplus.apply(ta.Tensor([0.5, -1.0], requires_grad=True))
+
+    Positional arguments after ``sp`` are tensors (they broadcast against each other);
+    keyword-only ones are scalar attributes (``LeakyRelu``'s ``negative_slope``).  The
+    kernels are named after the op in snake case: ``softplus`` and ``softplus_back``, or
+    ``{name}_back_{input}`` per input of a formula of several.  ``ta.check`` calls
+    ``symbolic`` on object arrays: the class applies the formula entry by entry.
+    Inputs must be float tensors unless ``floats_only`` is False (the arithmetic ops).
+    """
+
+    formula: ClassVar[Formula]
+    floats_only: ClassVar[bool] = True
+    # Set from the generated kernels on first forward (``_prepare``): per input, the backward
+    # kernel (None where it returns dy unchanged) and its operands (indexes into the saved
+    # inputs, the output last); whether backward reads the inputs and the output.
+    _backs: ClassVar[tuple | None] = None
+    _reads_inputs: ClassVar[bool] = False
+    _reads_output: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "symbolic" not in cls.__dict__:
+            return
+        build = inspect.unwrap(cls.__dict__["symbolic"].__func__)
+        parameters = list(inspect.signature(build).parameters.values())[1:]
+        inputs = tuple(p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD)
+        params = tuple(p.name for p in parameters if p.kind is p.KEYWORD_ONLY)
+        kernel = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.name).lower()
+        cls.formula = Formula(kernel, inputs, build, params=params)
+        cls.symbolic = staticmethod(_entrywise(build, len(inputs)))
+        cls.kernels = cls.formula.kernel_names() + (("sum_to",) if len(inputs) > 1 else ())
+        cls._backs = None
+        define_elementwise(cls.formula)
+
+    @classmethod
+    def _prepare(cls) -> None:
+        plan = formulas.plan(cls.formula)
+        inputs = cls.formula.inputs
+        backs = []
+        for k in plan.backward:
+            picks = tuple(len(inputs) if a == formulas.OUTPUT else inputs.index(a) for a in k.args[:-1])
+            backs.append((None if k.identity else k.name, picks))
+        read = {j for _, picks in backs for j in picks}
+        cls._reads_inputs = bool(read - {len(inputs)})
+        cls._reads_output = len(inputs) in read
+        cls._backs = tuple(backs)
+
+    def _params(self) -> tuple:
+        return tuple([self.attrs[p] for p in type(self).formula.params])
+
+    # forward and backward are written out for one and two inputs (every op of the engine):
+    # an elementwise op on a small tensor costs a few microseconds, mostly this Python.
+
+    def forward(self, *xs):
+        cls = type(self)
+        if cls._backs is None:
+            cls._prepare()
+        if len(xs) == 1:
+            (x,) = xs
+            if cls.floats_only:
+                check_float(self, x)
+        elif len(xs) == 2:
+            a, b = xs
+            if a.dtype != b.dtype:
+                check_same_dtype(self, a, b)
+            if a.shape != b.shape:
+                broadcast_shape(self, a, b)
+            if cls.floats_only:
+                check_float(self, a)
+                check_float(self, b)
+        else:
+            check_same_dtype(self, *xs)
+            broadcast_shape(self, *xs)
+            if cls.floats_only:
+                for x in xs:
+                    check_float(self, x)
+        params = self._params() if cls.formula.params else ()
+        y = getattr(self.backend, cls.formula.name)(*xs, *params)
+        # What backward reads: the inputs (or only their shapes) and, if it needs it, y.
+        pool = xs if cls._reads_inputs else tuple([x.shape for x in xs])
+        self.saved = ((*pool, y) if cls._reads_output else pool, params)
+        return y
+
+    def backward(self, dy):
+        pool, params = self.saved
+        k = self.backend
+        backs = type(self)._backs
+        if len(backs) == 1:
+            ((kernel, picks),) = backs
+            if kernel is None:
+                return (dy,)
+            return (getattr(k, kernel)(*[pool[j] for j in picks], dy, *params),)
+        shapes = ([x.shape for x in pool] if type(self)._reads_inputs else pool)
+        grads = []
+        for i, (kernel, picks) in enumerate(backs):
+            if not self.needs_grad[i]:
+                grads.append(None)
+                continue
+            g = dy if kernel is None else getattr(k, kernel)(*[pool[j] for j in picks], dy, *params)
+            grads.append(k.sum_to(g, shapes[i]))
+        return tuple(grads)
+
+
+def _entrywise(build, count: int):
+    """``build`` (a formula of one entry) applied entry by entry to object arrays that
+    broadcast, attribute values as exact sympy numbers: the op's ``symbolic``."""
+
+    def symbolic(sp, *inputs, **attrs):
+        exact = {key: number(sp, value) if isinstance(value, (int, float)) else value
+                 for key, value in attrs.items()}
+        return np.frompyfunc(lambda *entries: build(sp, *entries, **exact), count, 1)(*inputs)
+
+    symbolic.__doc__ = build.__doc__
+    return symbolic
 
 
 def _binary_examples(seed: int, low: float = -2.0, high: float = 2.0) -> list[Example]:
@@ -32,24 +163,20 @@ def _binary_examples(seed: int, low: float = -2.0, high: float = 2.0) -> list[Ex
     ]
 
 
+def _unary_examples(seed: int, low: float = -2.0, high: float = 2.0) -> list[Example]:
+    return [Example((uniform(seed, 2, 3, low=low, high=high),)),
+            Example((uniform(seed + 1, 4, low=low, high=high),))]
+
+
 @register
-class Add(Op):
+class Add(Elementwise):
     """y = a + b"""
 
-    kernels = ("add", "sum_to")
+    floats_only = False
 
     @staticmethod
     def symbolic(sp, a, b):
         return a + b
-
-    def forward(self, a, b):
-        _check_binary(self, a, b)
-        self.saved = (a.shape, b.shape)
-        return self.backend.add(a, b)
-
-    def backward(self, dy):
-        a_shape, b_shape = self.saved
-        return self.backend.sum_to(dy, a_shape), self.backend.sum_to(dy, b_shape)
 
     @classmethod
     def examples(cls):
@@ -57,23 +184,14 @@ class Add(Op):
 
 
 @register
-class Sub(Op):
+class Sub(Elementwise):
     """y = a - b"""
 
-    kernels = ("neg", "sub", "sum_to")
+    floats_only = False
 
     @staticmethod
     def symbolic(sp, a, b):
         return a - b
-
-    def forward(self, a, b):
-        _check_binary(self, a, b)
-        self.saved = (a.shape, b.shape)
-        return self.backend.sub(a, b)
-
-    def backward(self, dy):
-        a_shape, b_shape = self.saved
-        return self.backend.sum_to(dy, a_shape), self.backend.sum_to(self.backend.neg(dy), b_shape)
 
     @classmethod
     def examples(cls):
@@ -81,26 +199,14 @@ class Sub(Op):
 
 
 @register
-class Mul(Op):
+class Mul(Elementwise):
     """y = a * b"""
 
-    kernels = ("mul", "sum_to")
+    floats_only = False
 
     @staticmethod
     def symbolic(sp, a, b):
         return a * b
-
-    def forward(self, a, b):
-        _check_binary(self, a, b)
-        self.saved = (a, b)
-        return self.backend.mul(a, b)
-
-    def backward(self, dy):
-        a, b = self.saved
-        k = self.backend
-        da = k.sum_to(k.mul(dy, b), a.shape) if self.needs_grad[0] else None
-        db = k.sum_to(k.mul(dy, a), b.shape) if self.needs_grad[1] else None
-        return da, db
 
     @classmethod
     def examples(cls):
@@ -108,26 +214,14 @@ class Mul(Op):
 
 
 @register
-class Div(Op):
+class Div(Elementwise):
     """y = a / b"""
 
-    kernels = ("div", "div_back_b", "sum_to")
+    floats_only = False
 
     @staticmethod
     def symbolic(sp, a, b):
         return a / b
-
-    def forward(self, a, b):
-        _check_binary(self, a, b)
-        self.saved = (a, b)
-        return self.backend.div(a, b)
-
-    def backward(self, dy):
-        a, b = self.saved
-        k = self.backend
-        da = k.sum_to(k.div(dy, b), a.shape) if self.needs_grad[0] else None
-        db = k.sum_to(k.div_back_b(a, b, dy), b.shape) if self.needs_grad[1] else None
-        return da, db
 
     @classmethod
     def examples(cls):
@@ -138,27 +232,15 @@ class Div(Op):
 
 
 @register
-class Pow(Op):
-    """y = x ** p  (p a tensor, or a constant the Tensor methods wrap)."""
+class Pow(Elementwise):
+    """y = base ** exponent  (the exponent a tensor, or a constant the Tensor methods wrap;
+    its gradient reads y: d/dp x^p = x^p log x)"""
 
-    kernels = ("pow", "pow_back_base", "pow_back_exponent", "sum_to")
+    floats_only = False
 
     @staticmethod
-    def symbolic(sp, x, p):
-        return x**p
-
-    def forward(self, x, p):
-        _check_binary(self, x, p)
-        y = self.backend.pow(x, p)
-        self.saved = (x, p, y)
-        return y
-
-    def backward(self, dy):
-        x, p, y = self.saved
-        k = self.backend
-        dx = k.sum_to(k.pow_back_base(x, p, dy), x.shape) if self.needs_grad[0] else None
-        dp = k.sum_to(k.pow_back_exponent(y, x, dy), p.shape) if self.needs_grad[1] else None
-        return dx, dp
+    def symbolic(sp, base, exponent):
+        return base**exponent
 
     @classmethod
     def examples(cls):
@@ -168,26 +250,15 @@ class Pow(Op):
                 Example((x, uniform(52, low=1.5, high=3.0).reshape(())))]
 
 
-def _unary_examples(seed: int, low: float = -2.0, high: float = 2.0) -> list[Example]:
-    return [Example((uniform(seed, 2, 3, low=low, high=high),)),
-            Example((uniform(seed + 1, 4, low=low, high=high),))]
-
-
 @register
-class Neg(Op):
+class Neg(Elementwise):
     """y = -x"""
 
-    kernels = ("neg",)
+    floats_only = False
 
     @staticmethod
     def symbolic(sp, x):
         return -x
-
-    def forward(self, x):
-        return self.backend.neg(x)
-
-    def backward(self, dy):
-        return (self.backend.neg(dy),)
 
     @classmethod
     def examples(cls):
@@ -195,25 +266,12 @@ class Neg(Op):
 
 
 @register
-class Exp(Op):
-    """y = exp(x)"""
-
-    kernels = ("exp", "mul")
+class Exp(Elementwise):
+    """y = exp(x)  (backward reads y: d exp = exp)"""
 
     @staticmethod
     def symbolic(sp, x):
-        return elementwise(sp.exp, x)
-
-    def forward(self, x):
-        check_float(self, x)
-        y = self.backend.exp(x)
-        self.saved = (y,)
-        return y
-
-    def backward(self, dy):
-        (y,) = self.saved
-        # d exp = exp: reuse the output rather than recomputing it.
-        return (self.backend.mul(y, dy),)
+        return sp.exp(x)
 
     @classmethod
     def examples(cls):
@@ -221,23 +279,12 @@ class Exp(Op):
 
 
 @register
-class Log(Op):
+class Log(Elementwise):
     """y = log(x)  (natural logarithm)"""
-
-    kernels = ("div", "log")
 
     @staticmethod
     def symbolic(sp, x):
-        return elementwise(sp.log, x)
-
-    def forward(self, x):
-        check_float(self, x)
-        self.saved = (x,)
-        return self.backend.log(x)
-
-    def backward(self, dy):
-        (x,) = self.saved
-        return (self.backend.div(dy, x),)
+        return sp.log(x)
 
     @classmethod
     def examples(cls):
@@ -245,25 +292,12 @@ class Log(Op):
 
 
 @register
-class Tanh(Op):
-    """y = tanh(x)"""
-
-    kernels = ("tanh", "tanh_back")
+class Tanh(Elementwise):
+    """y = tanh(x)  (backward reads y: d tanh = 1 - y^2)"""
 
     @staticmethod
     def symbolic(sp, x):
-        return elementwise(sp.tanh, x)
-
-    def forward(self, x):
-        check_float(self, x)
-        y = self.backend.tanh(x)
-        self.saved = (y,)
-        return y
-
-    def backward(self, dy):
-        (y,) = self.saved
-        # tanh_back takes the output y: d tanh = 1 - y^2.
-        return (self.backend.tanh_back(y, dy),)
+        return sp.tanh(x)
 
     @classmethod
     def examples(cls):
@@ -271,24 +305,12 @@ class Tanh(Op):
 
 
 @register
-class Sigmoid(Op):
-    """y = 1 / (1 + exp(-x))"""
-
-    kernels = ("sigmoid", "sigmoid_back")
+class Sigmoid(Elementwise):
+    """y = 1 / (1 + exp(-x))  (backward reads y: d sigmoid = y (1 - y))"""
 
     @staticmethod
     def symbolic(sp, x):
-        return elementwise(lambda e: 1 / (1 + sp.exp(-e)), x)
-
-    def forward(self, x):
-        check_float(self, x)
-        y = self.backend.sigmoid(x)
-        self.saved = (y,)
-        return y
-
-    def backward(self, dy):
-        (y,) = self.saved
-        return (self.backend.sigmoid_back(y, dy),)
+        return 1 / (1 + sp.exp(-x))
 
     @classmethod
     def examples(cls):
@@ -296,23 +318,13 @@ class Sigmoid(Op):
 
 
 @register
-class Relu(Op):
-    """y = max(x, 0)  (gradient 0 at x = 0, as in PyTorch)"""
-
-    kernels = ("relu", "relu_back")
+class Relu(Elementwise):
+    """y = max(x, 0)  (gradient 0 at x = 0, as in PyTorch; NaN stays NaN)"""
 
     @staticmethod
     def symbolic(sp, x):
-        return elementwise(lambda e: sp.Piecewise((e, e > 0), (0, True)), x)
-
-    def forward(self, x):
-        check_float(self, x)
-        self.saved = (x,)
-        return self.backend.relu(x)
-
-    def backward(self, dy):
-        (x,) = self.saved
-        return (self.backend.relu_back(x, dy),)
+        # "0 where x <= 0": a NaN fails the test and passes through, as in PyTorch.
+        return sp.Piecewise((0, x <= 0), (x, True))
 
     @classmethod
     def examples(cls):
@@ -321,24 +333,12 @@ class Relu(Op):
 
 
 @register
-class LeakyRelu(Op):
+class LeakyRelu(Elementwise):
     """y = x if x > 0 else negative_slope * x"""
 
-    kernels = ("leaky_relu", "leaky_relu_back")
-
     @staticmethod
-    def symbolic(sp, x, negative_slope):
-        slope = number(sp, negative_slope)
-        return elementwise(lambda e: sp.Piecewise((e, e > 0), (slope * e, True)), x)
-
-    def forward(self, x):
-        check_float(self, x)
-        self.saved = (x,)
-        return self.backend.leaky_relu(x, self.negative_slope)
-
-    def backward(self, dy):
-        (x,) = self.saved
-        return (self.backend.leaky_relu_back(x, dy, self.negative_slope),)
+    def symbolic(sp, x, *, negative_slope):
+        return sp.Piecewise((negative_slope * x, x <= 0), (x, True))
 
     @classmethod
     def examples(cls):
@@ -358,7 +358,7 @@ class Where(Op):
 
     def forward(self, cond, a, b):
         check_bool(self, cond, "cond")
-        _check_binary(self, a, b)
+        check_same_dtype(self, a, b)
         broadcast_shape(self, cond, a, b)
         self.saved = (cond, a.shape, b.shape)
         return self.backend.where(cond, a, b)
