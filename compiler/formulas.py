@@ -253,6 +253,10 @@ def _denominator_symbols(sp, expr) -> set:
     return sp.fraction(sp.together(expr))[1].free_symbols
 
 
+# What sympy's solve raises for an equation it has no method for.
+_UNSOLVED = (NotImplementedError, ValueError)
+
+
 def _through_output(sp, f, d, xs, out):
     """``d`` rewritten in terms of the output ``out`` = f where that evaluates fewer
     transcendental functions and divides by nothing new, and sympy proves it equal.
@@ -262,19 +266,17 @@ def _through_output(sp, f, d, xs, out):
     if len(xs) == 1 and not f.has(sp.Piecewise) and d.has(xs[0]):
         try:
             inverses = sp.solve(sp.Eq(out, f), xs[0])
-        except (NotImplementedError, ValueError):
-            inverses = []
+        except _UNSOLVED:
+            inverses = []                   # no inverse: the derivative keeps the input
         candidates += [sp.simplify(d.subs(xs[0], inverse)) for inverse in inverses]
     best, best_cost = d, (_functions(sp, d), sp.count_ops(d))
     for c in candidates:
         if not c.has(out):
             continue
         cost = (_functions(sp, c), sp.count_ops(c))
-        if cost[0] >= best_cost[0] or cost >= best_cost:
+        if cost[0] >= best_cost[0]:
             continue
-        if _denominator_symbols(sp, c) - _denominator_symbols(sp, d) - {out}:
-            continue
-        if _denominator_symbols(sp, c) & {out}:
+        if _denominator_symbols(sp, c) - _denominator_symbols(sp, d):      # divides by y, or anew
             continue
         if sp.simplify(c.subs(out, f) - d) != 0:
             continue
@@ -398,7 +400,7 @@ def _printers():
         def _print_Float(self, expr):
             return self._constant(repr(float(expr)))
 
-        def _print_Pow(self, expr, rational=False):
+        def _print_Pow(self, expr, rational=False):  # noqa: ARG002 - the printer's signature
             base, exponent = expr.args
             if exponent.is_Integer and 1 <= abs(int(exponent)) <= 3:
                 b = self.parenthesize(base, 1000)     # an atom, or in parentheses

@@ -22,15 +22,11 @@ import math
 import numpy as np
 
 from ..autograd import DeferredGrad, Example, Op, register
-from ._common import check_float, check_same_dtype, elementwise, uniform
+from ._common import check_float, check_same_dtype, uniform
+from .elementwise import Sigmoid, Tanh
 
-
-def _sigmoid(sp, x):
-    return elementwise(lambda e: 1 / (1 + sp.exp(-e)), x)
-
-
-def _tanh(sp, x):
-    return elementwise(sp.tanh, x)
+# The gates' symbolic forms use the elementwise ops' own formulas.
+_sigmoid, _tanh = Sigmoid.symbolic, Tanh.symbolic
 
 
 def _blocks(x, hidden: int, count: int) -> list:
