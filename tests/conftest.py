@@ -1,16 +1,20 @@
 """Shared fixtures: the devices every kernel must agree on, and hypothesis settings."""
 
+import os
 import shutil
 
 import pytest
 from hypothesis import settings
 
-from tests import optional
+from tests import optional, simulator
 from tinygrad_attn.compiler import available_devices, get_backend
 
 # Wall time is noisy on shared 2-core machines: hypothesis must never fail on a deadline.
 settings.register_profile("ci", deadline=None, max_examples=30, derandomize=True)
 settings.load_profile("ci")
+
+if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+    simulator.apply()
 
 
 @pytest.fixture(params=available_devices())

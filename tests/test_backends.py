@@ -102,6 +102,27 @@ def test_cuda_kernels_are_imported_on_first_use_of_the_device():
     assert out.stdout.split() == ["False", "False", "True", "5.0"]
 
 
+def test_the_package_runs_on_the_plain_simulator_and_patches_none_of_it():
+    # The tests make the simulator stricter (tests/simulator.py); a user's process gets
+    # Numba's simulator untouched, and a step of a GRU encoder with attention runs on it.
+    probe = ("import numpy as np, tinygrad_attn as ta\n"
+             "from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray\n"
+             "from numba.cuda.simulator.kernel import BlockThread\n"
+             "before = (dict(vars(FakeCUDAArray)), dict(vars(BlockThread)))\n"
+             "ta.manual_seed(0)\n"
+             "gru, att = ta.nn.GRU(3, 4, batch_first=True), ta.nn.MultiHeadAttention(4, 2)\n"
+             "gru.to('cuda'); att.to('cuda')\n"
+             "x = ta.Tensor(np.ones((2, 3, 3)), device='cuda')\n"
+             "h, _ = gru(x)\n"
+             "out, weights = att(h, h, h)\n"
+             "out.sum().backward()\n"
+             "print(weights.shape, gru.weight_ih_l0.grad.shape)\n"
+             "print(before == (dict(vars(FakeCUDAArray)), dict(vars(BlockThread))))\n")
+    out = _run_python(probe, simulator=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split("\n")[:2] == ["(2, 3, 3) (12, 3)", "True"]
+
+
 def test_numpy_broadcast_to_is_as_strict_as_numpy_and_never_writes_through():
     from tinygrad_attn.compiler import reference
 

@@ -7,7 +7,7 @@
     ta.check.symbolic(lambda x: (x @ x.T).tanh().sum(), x)   # exact, with sympy
 """
 
-from . import attention, check, data, functional, metrics, models, nn, ops, optim, random
+from . import attention, check, data, functional, metrics, models, nn, ops, optim, random, shapes
 from .autograd import (
     DeviceError,
     DTypeError,
@@ -47,6 +47,7 @@ __all__ = [
     "check",
     "metrics",
     "random",
+    "shapes",
     "ShapeError",
     "DTypeError",
     "DeviceError",

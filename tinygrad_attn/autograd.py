@@ -200,7 +200,9 @@ class Op:
 
     name: ClassVar[str]
     # The backend kernels forward and backward call (``self.backend.<name>``): every device
-    # must provide them, and a test checks that an op calls no other.
+    # must provide them, and a test checks that an op calls no other.  forward and backward
+    # get the device's raw arrays: read an axis with ``shapes.dim(x, -1)``, not
+    # ``x.shape[-1]``, which a CUDA device array's shape may refuse (the simulator's does).
     kernels: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs):

@@ -1,11 +1,12 @@
 """Shape helpers the ops and the attention functions share: broadcasting as numpy does it,
-without numpy's Python overhead on the hot path."""
+without numpy's Python overhead on the hot path, and the size of an axis of any device's
+array."""
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["batch_shape", "broadcasts_to"]
+__all__ = ["batch_shape", "broadcasts_to", "dim"]
 
 
 def batch_shape(*shapes) -> tuple[int, ...]:
@@ -25,3 +26,12 @@ def broadcasts_to(shape, target) -> bool:
         return tuple(np.broadcast_shapes(tuple(shape), tuple(target))) == tuple(target)
     except ValueError:
         return False
+
+
+def dim(x, axis: int) -> int:
+    """The size of ``x`` along ``axis``, counted from the end when negative (torch's
+    ``x.size(axis)``), for an array of any device.
+
+    Ops call this instead of ``x.shape[-1]``: a device array's shape may refuse negative
+    indexes (Numba's CUDA simulator's does, as shapes inside CUDA kernels do)."""
+    return x.shape[axis + x.ndim if axis < 0 else axis]

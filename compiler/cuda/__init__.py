@@ -45,8 +45,9 @@ for a GPU; the simulator's are below):
 Under ``NUMBA_ENABLE_CUDASIM=1`` (Numba's simulator, which runs every CUDA thread as a Python
 thread) the same kernels run with T = R = TILE = B = 4, at most 4 blocks (2 per grid axis of
 2-D and 3-D grids), so tests reach partial tiles, several tiles and the grid-stride loops on
-tiny shapes.  Importing this package under the simulator also makes the simulator's arrays
-refuse what real device arrays refuse, and its thread polling cheaper (simulator.py).
+tiny shapes.  The package runs on the simulator as it is; the tests make the simulator's
+arrays refuse what real device arrays refuse, and its thread polling cheaper
+(tests/simulator.py).
 
 One module per kernel family, each with its part of the table (``KERNELS``): memory,
 elementwise, reduce, movement (with the embedding), linalg, softmax (with the losses),
@@ -59,7 +60,7 @@ types of every conformance case (tests/cuda_ptx.py, which needs the CUDA toolkit
 
 from __future__ import annotations
 
-from . import attention, elementwise, linalg, memory, movement, reduce, rnn, simulator, softmax
+from . import attention, elementwise, linalg, memory, movement, reduce, rnn, softmax
 from .device import MAX_BLOCKS, ROW_THREADS, SDPA_ROWS, SIMULATOR, THREADS, TILE
 
 __all__ = ["KERNELS", "SIMULATOR", "THREADS", "ROW_THREADS", "TILE", "SDPA_ROWS", "MAX_BLOCKS"]
@@ -67,6 +68,3 @@ __all__ = ["KERNELS", "SIMULATOR", "THREADS", "ROW_THREADS", "TILE", "SDPA_ROWS"
 FAMILIES = (memory, elementwise, reduce, movement, linalg, softmax, attention, rnn)
 
 KERNELS = {name: fn for family in FAMILIES for name, fn in family.KERNELS.items()}
-
-if SIMULATOR:
-    simulator.apply()

@@ -66,8 +66,10 @@ def _matmul(a, b, a_transposed, b_transposed):
     if b.ndim == 1:
         b = reshape(b, tuple(b.shape) + (1,))
         squeeze.append(-1)
-    n, inner = (a.shape[-1], a.shape[-2]) if a_transposed else (a.shape[-2], a.shape[-1])
-    inner_b, m = (b.shape[-1], b.shape[-2]) if b_transposed else (b.shape[-2], b.shape[-1])
+    a_rows, a_cols = a.shape[-2:]
+    b_rows, b_cols = b.shape[-2:]
+    n, inner = (a_cols, a_rows) if a_transposed else (a_rows, a_cols)
+    inner_b, m = (b_cols, b_rows) if b_transposed else (b_rows, b_cols)
     if inner != inner_b:
         raise ValueError(f"matmul: inner dimensions differ ({inner} != {inner_b}) for shapes "
                          f"{tuple(a.shape)} and {tuple(b.shape)}")
@@ -79,8 +81,8 @@ def _matmul(a, b, a_transposed, b_transposed):
     else:
         out = _empty(batch + (n, m), dtype)
     if out.size and inner:
-        a_rs, a_cs = (1, a.shape[-1]) if a_transposed else (a.shape[-1], 1)
-        b_rs, b_cs = (1, b.shape[-1]) if b_transposed else (b.shape[-1], 1)
+        a_rs, a_cs = (1, a_cols) if a_transposed else (a_cols, 1)
+        b_rs, b_cs = (1, b_cols) if b_transposed else (b_cols, 1)
         batch_shape, a_batch, b_batch = (batch, _batch_strides(a, batch), _batch_strides(b, batch)) if batch \
             else ((1,), (0,), (0,))
         grid = tuple(min(count, MAX_GRID_AXIS) for count in (-(-m // TILE), -(-n // TILE), n_batch))

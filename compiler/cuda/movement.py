@@ -194,7 +194,7 @@ def embedding(weight, ids):
 
 def embedding_back(num_rows, ids, dy, padding_idx):
     """Scatter-add rows of dy into a (num_rows, E) gradient; padding_idx gets none."""
-    dim = dy.shape[-1]
+    dim = dy.shape[dy.ndim - 1]
     dw = zeros((num_rows, dim), dy.dtype)
     if dy.size:
         padding = -1 if padding_idx is None else int(padding_idx) % num_rows

@@ -109,15 +109,21 @@ def _along_last(fn, axis, *arrays):
     return permute(fn(*(permute(a, order) for a in arrays)), inverse)
 
 
+def _width(x) -> int:
+    """The row length (the last axis); a device array's shape may refuse index -1 (the
+    simulator's does)."""
+    return x.shape[x.ndim - 1]
+
+
 def _row_blocks(x) -> int:
-    return min(x.size // x.shape[-1], MAX_BLOCKS)
+    return min(x.size // _width(x), MAX_BLOCKS)
 
 
 def _softmax_last(x, mask=None):
     out = _empty(x.shape, x.dtype)
     if out.size:
         has_mask = mask is not None
-        _launch(_softmax_rows_kernel(x.dtype), _row_blocks(x), ROW_THREADS, _flat(out), _flat(x), x.shape[-1],
+        _launch(_softmax_rows_kernel(x.dtype), _row_blocks(x), ROW_THREADS, _flat(out), _flat(x), _width(x),
                 _flat(mask) if has_mask else _no_mask(1), has_mask)
     return out
 
@@ -138,7 +144,7 @@ def _log_softmax_last(x):
     out = _empty(x.shape, x.dtype)
     if out.size:
         _launch(_log_softmax_rows_kernel(x.dtype), _row_blocks(x), ROW_THREADS, _flat(out), _flat(x),
-                x.shape[-1])
+                _width(x))
     return out
 
 
@@ -150,7 +156,7 @@ def _softmax_back_last(y, dy, log):
     dx = _empty(y.shape, y.dtype)
     if dx.size:
         _launch(_softmax_back_rows_kernel(y.dtype), _row_blocks(y), ROW_THREADS, _flat(dx), _flat(y),
-                _flat(dy), y.shape[-1], log)
+                _flat(dy), _width(y), log)
     return dx
 
 

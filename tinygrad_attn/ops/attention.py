@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from ..autograd import DeferredGrad, Example, Op, register
-from ..shapes import batch_shape, broadcasts_to
+from ..shapes import batch_shape, broadcasts_to, dim
 from ._common import (
     broadcast_shape,
     check_bool,
@@ -100,7 +100,7 @@ class AdditiveScores(Op):
         check_same_dtype(self, s, W_q, k, v)
         check_float(self, s)
         if (s.ndim < 2 or W_q.ndim != 2 or k.ndim < 2 or v.ndim != 1
-                or W_q.shape[1] != s.shape[-1] or not W_q.shape[0] == k.shape[-1] == v.shape[0]):
+                or W_q.shape[1] != dim(s, -1) or not W_q.shape[0] == dim(k, -1) == v.shape[0]):
             self.fail(f"expected s (..., T_q, d_q), W_q (A, d_q), k (..., T_k, A) and v (A,), got "
                       f"{tuple(s.shape)}, {tuple(W_q.shape)}, {tuple(k.shape)} and {tuple(v.shape)}")
         try:
@@ -108,7 +108,7 @@ class AdditiveScores(Op):
         except ValueError:
             self.fail(f"batch axes of s {tuple(s.shape)} and k {tuple(k.shape)} do not broadcast")
         kb = self.backend
-        s2 = kb.reshape(s, (math.prod(s.shape[:-1]), s.shape[-1]))     # (M, d_q)
+        s2 = kb.reshape(s, (math.prod(s.shape[:-1]), dim(s, -1)))     # (M, d_q)
         q_shape = s.shape[:-1] + (W_q.shape[0],)
         q = kb.reshape(kb.matmul_nt(s2, W_q), q_shape)                  # (..., T_q, A)
         if q.ndim == k.ndim == 3 and q.shape[0] == k.shape[0]:
@@ -118,7 +118,7 @@ class AdditiveScores(Op):
             k3 = kb.reshape(kb.broadcast_to(k, batch + k.shape[-2:]), (-1,) + k.shape[-2:])  # (N, T_k, A)
         self.saved = (s2, W_q, q3, k3, v, s.shape, q_shape, k.shape, batch)
         e = kb.additive_scores(q3, k3, v)                                # (N, T_q, T_k)
-        return kb.reshape(e, batch + (s.shape[-2], k.shape[-2]))
+        return kb.reshape(e, batch + (dim(s, -2), dim(k, -2)))
 
     def backward(self, de):
         s2, W_q, q3, k3, v, s_shape, q_shape, k_shape, batch = self.saved
@@ -169,7 +169,7 @@ class ScaledDotProduct(Op):
         if q.ndim < 2 or k.ndim < 2 or v.ndim < 2:
             self.fail(f"expected q (..., T_q, D), k (..., T_k, D), v (..., T_k, D_v), got "
                       f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-        if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
+        if dim(q, -1) != dim(k, -1) or dim(k, -2) != dim(v, -2):
             self.fail(f"q {tuple(q.shape)} and k {tuple(k.shape)} must share D, k and v "
                       f"{tuple(v.shape)} must share T_k")
         try:
@@ -177,7 +177,7 @@ class ScaledDotProduct(Op):
         except ValueError:
             self.fail(f"batch axes of q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
                       f"do not broadcast")
-        t_q, t_k = q.shape[-2], k.shape[-2]
+        t_q, t_k = dim(q, -2), dim(k, -2)
         kb = self.backend
         mask3 = None
         if mask is not None:
@@ -194,12 +194,12 @@ class ScaledDotProduct(Op):
         if t_k == 0 or 0 in batch or t_q == 0:
             # Nothing to attend to (or no one asking): a zero context, as a fully masked row gets.
             self.saved = None, (q.shape, k.shape, v.shape), mask is not None
-            return kb.zeros(batch + (t_q, v.shape[-1]), q.dtype)
+            return kb.zeros(batch + (t_q, dim(v, -1)), q.dtype)
         q3, k3, v3 = (kb.reshape(kb.broadcast_to(x, batch + x.shape[-2:]), (-1,) + x.shape[-2:])
                       for x in (q, k, v))                                    # (N, T, D)
         o3, lse = kb.sdpa(q3, k3, v3, mask3, float(self.scale), bool(self.causal))
         self.saved = (q3, k3, v3, o3, lse, mask3, (q.shape, k.shape, v.shape), batch)
-        return kb.reshape(o3, batch + (t_q, v.shape[-1]))
+        return kb.reshape(o3, batch + (t_q, dim(v, -1)))
 
     def backward(self, do):
         if self.saved[0] is None:                 # no keys (or no queries): no gradient flows

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd import DeferredGrad, Example, Op, register
-from ..shapes import batch_shape
+from ..shapes import batch_shape, dim
 from ._common import check_float, check_same_dtype, uniform
 
 
@@ -13,8 +13,8 @@ def _matmul_flat(k, a, b):
     """a @ b; a batched a times a 2-D b is one GEMM over the flattened rows (faster than
     one GEMM per batch entry, which is what broadcasting b would do)."""
     if b.ndim == 2 and a.ndim > 2:
-        y = k.matmul(k.reshape(a, (-1, a.shape[-1])), b)           # (N*n, m)
-        return k.reshape(y, a.shape[:-1] + (b.shape[-1],))
+        y = k.matmul(k.reshape(a, (-1, dim(a, -1))), b)           # (N*n, m)
+        return k.reshape(y, a.shape[:-1] + (dim(b, -1),))
     return k.matmul(a, b)
 
 
@@ -37,9 +37,9 @@ class MatMul(Op):
         k = self.backend
         a2 = k.reshape(a, (1,) + a.shape) if a.ndim == 1 else a   # (..., n, k)
         b2 = k.reshape(b, b.shape + (1,)) if b.ndim == 1 else b   # (..., k, m)
-        if a2.shape[-1] != b2.shape[-2]:
+        if dim(a2, -1) != dim(b2, -2):
             self.fail(f"inner dimensions differ: {tuple(a.shape)} @ {tuple(b.shape)} "
-                      f"({a2.shape[-1]} != {b2.shape[-2]})")
+                      f"({dim(a2, -1)} != {dim(b2, -2)})")
         try:
             batch = batch_shape(a2.shape[:-2], b2.shape[:-2])
         except ValueError:
@@ -47,8 +47,8 @@ class MatMul(Op):
         y2 = _matmul_flat(k, a2, b2)                               # (..., n, m)
         self.saved = (a2, b2, a.shape, b.shape, y2.shape)
         shape = tuple(batch)
-        shape += () if a.ndim == 1 else (a2.shape[-2],)
-        shape += () if b.ndim == 1 else (b2.shape[-1],)
+        shape += () if a.ndim == 1 else (dim(a2, -2),)
+        shape += () if b.ndim == 1 else (dim(b2, -1),)
         return k.reshape(y2, shape)
 
     def backward(self, dy):
@@ -58,7 +58,7 @@ class MatMul(Op):
         da = db = None
         if self.needs_grad[0]:
             if b2.ndim == 2:                                        # (N, n, m) @ (m, k) as one GEMM
-                da = k.reshape(k.matmul_nt(k.reshape(dy2, (-1, dy2.shape[-1])), b2),
+                da = k.reshape(k.matmul_nt(k.reshape(dy2, (-1, dim(dy2, -1))), b2),
                                dy2.shape[:-1] + (b2.shape[0],))
             else:
                 da = k.matmul_nt(dy2, b2)                           # (..., n, k)
@@ -67,7 +67,7 @@ class MatMul(Op):
             if b2.ndim == 2 and a2.ndim > 2:
                 # A weight shared by every row: summing the per-batch products is one GEMM
                 # over the flattened rows, (k, N*n) @ (N*n, m).
-                db = k.matmul_tn(k.reshape(a2, (-1, a2.shape[-1])), k.reshape(dy2, (-1, dy2.shape[-1])))
+                db = k.matmul_tn(k.reshape(a2, (-1, dim(a2, -1))), k.reshape(dy2, (-1, dim(dy2, -1))))
             else:
                 db = k.sum_to(k.matmul_tn(a2, dy2), b2.shape)       # (..., k, m)
             db = k.reshape(db, b_shape)
@@ -102,13 +102,13 @@ class Linear(Op):
     def forward(self, x, weight, bias=None):
         check_same_dtype(self, x, weight, *(() if bias is None else (bias,)))
         check_float(self, x)
-        if x.ndim == 0 or weight.ndim != 2 or x.shape[-1] != weight.shape[1]:
+        if x.ndim == 0 or weight.ndim != 2 or dim(x, -1) != weight.shape[1]:
             self.fail(f"expected x (..., in) and weight (out, in) with the same in, got x "
                       f"{tuple(x.shape)} and weight {tuple(weight.shape)}")
         if bias is not None and tuple(bias.shape) != (weight.shape[0],):
             self.fail(f"bias must be (out,) = ({weight.shape[0]},), got {tuple(bias.shape)}")
         k = self.backend
-        x2 = k.reshape(x, (-1, x.shape[-1]))                           # (N, in)
+        x2 = k.reshape(x, (-1, dim(x, -1)))                           # (N, in)
         y2 = k.matmul_nt(x2, weight)                                   # (N, out)
         if bias is not None:
             y2 = k.add(y2, bias)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd import DeferredGrad, Example, Op, register
+from ..shapes import dim
 from ._common import (
     check_float,
     check_integer,
@@ -95,7 +96,7 @@ def _check_targets(op, scores, target, ignore_index) -> None:
     if scores.ndim == 0 or tuple(target.shape) != tuple(scores.shape[:-1]):
         op.fail(f"target shape {tuple(target.shape)} must equal the scores shape without its "
                 f"class axis: scores {tuple(scores.shape)} -> target {tuple(scores.shape[:-1])}")
-    classes = scores.shape[-1]
+    classes = dim(scores, -1)
     target = op.backend.to_numpy(target)        # on the host: a device array has no comparisons
     bad = ((target < 0) | (target >= classes)) & (target != ignore_index)
     if np.any(bad):
@@ -113,7 +114,7 @@ def _flatten(op, scores, target):
     ignore = _NO_IGNORE if op.ignore_index is None else op.ignore_index
     _check_targets(op, scores, target, ignore)
     k = op.backend
-    scores2 = k.reshape(scores, (-1, scores.shape[-1]))        # (N, C)
+    scores2 = k.reshape(scores, (-1, dim(scores, -1)))        # (N, C)
     target1 = k.reshape(target, (-1,))                          # (N,)
     count = int(np.sum(np.asarray(k.to_numpy(target1)) != ignore))
     return scores2, target1, ignore, count
@@ -141,7 +142,7 @@ def _row_grads(k, dy, count: int, reduction: str, n: int):
 def _symbolic_nll(sp, logp, target, ignore_index, reduction):
     """-logp[target] per row of (..., C) log-probabilities, ignored rows 0, then reduced."""
     logp = np.asarray(logp, dtype=object)
-    flat, t = logp.reshape(-1, logp.shape[-1]), np.asarray(target).reshape(-1)
+    flat, t = logp.reshape(-1, dim(logp, -1)), np.asarray(target).reshape(-1)
     keep = t != (_NO_IGNORE if ignore_index is None else ignore_index)
     rows = [-flat[i, t[i]] if keep[i] else sp.Integer(0) for i in range(len(t))]
     if reduction == "none":
@@ -278,7 +279,7 @@ class Embedding(Op):
         rows, ids = self.saved
         kb = self.backend
         # Rows scattered into the table: one scatter over every step's ids, when read.
-        width = dy.shape[-1]
+        width = dim(dy, -1)
         flat_ids, flat_dy = kb.reshape(ids, (-1,)), kb.reshape(dy, (-1, width))
         return DeferredGrad(kb, _embedding_grad, (rows, width), (flat_ids, flat_dy),
                             (kb, rows, self.padding_idx)), None

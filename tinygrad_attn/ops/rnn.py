@@ -22,6 +22,7 @@ import math
 import numpy as np
 
 from ..autograd import DeferredGrad, Example, Op, register
+from ..shapes import dim
 from ._common import check_float, check_same_dtype, uniform
 from .elementwise import Sigmoid, Tanh
 
@@ -49,9 +50,9 @@ def _check_cell(op, *spec) -> None:
         layout = ", ".join(f"{name} (..., {'' if k == 1 else k}H)" for name, _, k in spec)
         op.fail(f"expected {layout}; got {shapes()}")
     state_name, state, _ = spec[-1]
-    hidden = state.shape[-1]
+    hidden = dim(state, -1)
     for name, a, blocks in spec[:-1]:
-        if a.shape[-1] != blocks * hidden:
+        if dim(a, -1) != blocks * hidden:
             op.fail(f"{name} must end in {blocks}H = {blocks * hidden} for H = {hidden} (the last "
                     f"axis of {state_name}); got {shapes()}")
     if any(a.shape[:-1] != state.shape[:-1] for a in arrays):
@@ -63,12 +64,12 @@ def _gru_cell_fits(xs, h_prev, w_ih, w_hh, biases) -> bool:
     leading axes, w_ih (3H, sum I_k), w_hh (3H, H) and both biases (3H,) or neither."""
     if h_prev.ndim == 0 or w_ih.ndim != 2 or w_hh.ndim != 2 or len(biases) not in (0, 2):
         return False
-    hidden, lead = h_prev.shape[-1], h_prev.shape[:-1]
+    hidden, lead = dim(h_prev, -1), h_prev.shape[:-1]
     width = 0
     for x in xs:                     # loops, not any(genexpr): this runs on every step
         if x.ndim == 0 or x.shape[:-1] != lead:
             return False
-        width += x.shape[-1]
+        width += dim(x, -1)
     for b in biases:
         if b.shape != (3 * hidden,):
             return False
@@ -79,7 +80,7 @@ def _rows(kb, x):
     if x.ndim == 2:
         return x                     # the usual case: skip the reshape call (~1 us, per input)
     # math.prod, not -1: a reshape to (-1, 0) is ambiguous when H = 0.
-    return kb.reshape(x, (math.prod(x.shape[:-1]), x.shape[-1]))      # (B, width)
+    return kb.reshape(x, (math.prod(x.shape[:-1]), dim(x, -1)))      # (B, width)
 
 
 def _unrows(kb, x, shape):
@@ -99,7 +100,7 @@ class GRUGates(Op):
     @staticmethod
     def symbolic(sp, gi, gh, h_prev):
         h_prev = np.asarray(h_prev, dtype=object)
-        hidden = h_prev.shape[-1]
+        hidden = dim(h_prev, -1)
         gi_r, gi_z, gi_n = _blocks(gi, hidden, 3)
         gh_r, gh_z, gh_n = _blocks(gh, hidden, 3)
         r = _sigmoid(sp, gi_r + gh_r)
@@ -184,7 +185,7 @@ class GRUCell(Op):
         if biases:
             gi, gh = kb.add(gi, biases[0]), kb.add(gh, biases[1])
         h, gates = kb.gru_gates(gi, gh, h_prev2)                        # (B, H), (B, 3H)
-        self.saved = (x2, h_prev2, w_ih, w_hh, gates, gh, [x.shape for x in xs], h_prev.shape)
+        self.saved = (x2, h_prev2, w_ih, w_hh, gates, gh, [tuple(x.shape) for x in xs], h_prev.shape)
         return _unrows(kb, h, h_prev.shape)
 
     def backward(self, dh):
@@ -243,7 +244,7 @@ class LSTMCellState(Op):
     @staticmethod
     def symbolic(sp, gates, c_prev):
         c_prev = np.asarray(c_prev, dtype=object)
-        gates_i, gates_f, gates_g, _ = _blocks(gates, c_prev.shape[-1], 4)
+        gates_i, gates_f, gates_g, _ = _blocks(gates, dim(c_prev, -1), 4)
         return _sigmoid(sp, gates_f) * c_prev + _sigmoid(sp, gates_i) * _tanh(sp, gates_g)
 
     def forward(self, gates, c_prev):
@@ -280,7 +281,7 @@ class LSTMHidden(Op):
     @staticmethod
     def symbolic(sp, gates, c):
         c = np.asarray(c, dtype=object)
-        *_, gates_o = _blocks(gates, c.shape[-1], 4)
+        *_, gates_o = _blocks(gates, dim(c, -1), 4)
         return _sigmoid(sp, gates_o) * _tanh(sp, c)
 
     def forward(self, gates, c):

@@ -1,5 +1,9 @@
-"""What makes Numba's simulator behave as a GPU does: ``compiler.cuda`` calls ``apply()``
-under NUMBA_ENABLE_CUDASIM=1."""
+"""What makes Numba's simulator as strict as a GPU, and quicker: tests/conftest.py calls
+``apply()`` under NUMBA_ENABLE_CUDASIM=1.
+
+The package itself runs on the plain simulator; these patches only make the tests catch host
+code that a real GPU would refuse, and make syncthreads cheaper to simulate.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +12,14 @@ import time
 
 
 def _simulator_arrays_like_device_arrays() -> None:
-    """Make the simulator's device arrays behave as real ones on the host.
+    """Make the simulator's device arrays refuse on the host what real ones refuse.
 
-    The simulator wraps a numpy array and forwards every attribute and operator to it, and
-    its ``shape`` refuses negative indexes (mimicking shapes inside kernels).  Code relying
-    on either would pass under the simulator and fail on a GPU (a real DeviceNDArray has a
-    plain tuple shape and no arithmetic, comparisons or numpy methods), so both are cut
-    back to the real host API here.
+    The simulator wraps a numpy array and forwards every attribute and operator to it: code
+    relying on that would pass under the simulator and fail on a GPU (a real DeviceNDArray
+    has no arithmetic, comparisons or numpy methods), so it is cut back to the real host API
+    here.  The simulator's ``shape`` refuses negative indexes (as shapes inside kernels do)
+    and is left so: the package indexes a device array's shape from the front, so that it
+    runs on the plain simulator as on a GPU.
     """
     from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
 
@@ -31,7 +36,6 @@ def _simulator_arrays_like_device_arrays() -> None:
 
     FakeCUDAArray.__getattr__ = __getattr__
     FakeCUDAArray.__array__ = __array__
-    FakeCUDAArray.shape = property(lambda self: tuple(self._ary.shape))
     for operator in ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__add__", "__sub__",
                      "__mul__", "__floordiv__", "__truediv__", "__mod__", "__pow__"):
         if operator in FakeCUDAArray.__dict__:
