@@ -112,8 +112,15 @@ def _first_call(backend: Backend, formula: Formula, index: int) -> Callable:
     """A stand-in for a formula's kernel: derives it (or reads it from the cache), builds the
     device's callable, puts that in the table and runs it."""
     kernel_name = formula.kernel_names()[index]
+    built: list[Callable] = []             # a caller may hold on to this stand-in: build once
 
     def install() -> Callable:
+        if built:
+            return built[0]
+        built.append(_build())
+        return built[0]
+
+    def _build() -> Callable:
         plan = formulas.plan(formula)
         fn = backend.build(plan.forward if index == 0 else plan.backward[index - 1])
         if fn is None:                 # the device runs its parent's kernel

@@ -120,6 +120,25 @@ def test_a_name_another_kernel_has_is_refused():
         define_elementwise(taken)
 
 
+def test_forward_and_backward_are_written_from_the_kernels_as_by_hand(softplus):
+    # Straight-line code, the op as one would write it: tanh's backward reads only its
+    # output; a broadcasting op sums each gradient back to its input's shape.
+    x = ta.Tensor([0.5, -1.0], requires_grad=True)
+    (x.tanh() * x + softplus.apply(x)).sum().backward()
+    assert "self.saved = (y,)" in Tanh.source and "return (kb.tanh_back(y, dy),)" in Tanh.source
+    mul = ta.ops.Mul.source
+    assert "kb.sum_to(kb.mul_back_a(b, dy), a.shape) if needs[0] else None" in mul
+    assert "kb.softplus_back(x, dy)" in softplus.source
+
+
+def test_a_formula_may_not_take_the_names_generated_code_uses():
+    with pytest.raises(ValueError, match=r"Shadow: the formula's argument names \['dy'\]"):
+        class Shadow(Elementwise):
+            @staticmethod
+            def symbolic(sp, x, dy):
+                return x * dy
+
+
 def test_importing_the_package_imports_neither_sympy_nor_numba():
     code = "import sys, tinygrad_attn; print('sympy' in sys.modules, 'numba' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

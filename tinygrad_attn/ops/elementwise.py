@@ -46,16 +46,15 @@ class Elementwise(Op):
     ``{name}_back_{input}`` per input of a formula of several.  ``ta.check`` calls
     ``symbolic`` on object arrays: the class applies the formula entry by entry.
     Inputs must be float tensors unless ``floats_only`` is False (the arithmetic ops).
+    On first use the class writes its forward and backward from the kernels sympy derived,
+    as straight-line code (``Softplus.source``), and uses them from then on.
     """
 
     formula: ClassVar[Formula]
     floats_only: ClassVar[bool] = True
-    # Set from the generated kernels on first forward (``_prepare``): per input, the backward
-    # kernel (None where it returns dy unchanged) and its operands (indexes into the saved
-    # inputs, the output last); whether backward reads the inputs and the output.
-    _backs: ClassVar[tuple | None] = None
-    _reads_inputs: ClassVar[bool] = False
-    _reads_output: ClassVar[bool] = False
+    # The forward and backward generated from the formula's kernels on first use, as text
+    # (``print(ta.ops.Tanh.source)``): the op as one would write it by hand.
+    source: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -65,80 +64,84 @@ class Elementwise(Op):
         parameters = list(inspect.signature(build).parameters.values())[1:]
         inputs = tuple(p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD)
         params = tuple(p.name for p in parameters if p.kind is p.KEYWORD_ONLY)
+        taken = sorted(set(inputs + params) & _GENERATED_NAMES)
+        if taken:
+            raise ValueError(f"{cls.name}: the formula's argument names {taken} are names the generated "
+                             f"forward and backward use; rename them")
         kernel = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.name).lower()
         cls.formula = Formula(kernel, inputs, build, params=params)
         cls.symbolic = staticmethod(_entrywise(build, len(inputs)))
         cls.kernels = cls.formula.kernel_names() + (("sum_to",) if len(inputs) > 1 else ())
-        cls._backs = None
+        cls.source = None
+        cls.forward, cls.backward = Elementwise.forward, Elementwise.backward
         define_elementwise(cls.formula)
 
-    @classmethod
-    def _prepare(cls) -> None:
-        plan = formulas.plan(cls.formula)
-        inputs = cls.formula.inputs
-        backs = []
-        for k in plan.backward:
-            picks = tuple(len(inputs) if a == formulas.OUTPUT else inputs.index(a) for a in k.args[:-1])
-            backs.append((None if k.identity else k.name, picks))
-        read = {j for _, picks in backs for j in picks}
-        cls._reads_inputs = bool(read - {len(inputs)})
-        cls._reads_output = len(inputs) in read
-        cls._backs = tuple(backs)
-
-    def _params(self) -> tuple:
-        return tuple([self.attrs[p] for p in type(self).formula.params])
-
-    # forward and backward are written out for one and two inputs (every op of the engine):
-    # an elementwise op on a small tensor costs a few microseconds, mostly this Python.
+    # Until the formula's kernels are known (its derivative is read from the disk cache, or
+    # derived by sympy, on first use), forward and backward are these stand-ins.
 
     def forward(self, *xs):
-        cls = type(self)
-        if cls._backs is None:
-            cls._prepare()
-        if len(xs) == 1:
-            (x,) = xs
-            if cls.floats_only:
-                check_float(self, x)
-        elif len(xs) == 2:
-            a, b = xs
-            if a.dtype != b.dtype:
-                check_same_dtype(self, a, b)
-            if a.shape != b.shape:
-                broadcast_shape(self, a, b)
-            if cls.floats_only:
-                check_float(self, a)
-                check_float(self, b)
-        else:
-            check_same_dtype(self, *xs)
-            broadcast_shape(self, *xs)
-            if cls.floats_only:
-                for x in xs:
-                    check_float(self, x)
-        params = self._params() if cls.formula.params else ()
-        y = getattr(self.backend, cls.formula.name)(*xs, *params)
-        # What backward reads: the inputs (or only their shapes) and, if it needs it, y.
-        pool = xs if cls._reads_inputs else tuple([x.shape for x in xs])
-        self.saved = ((*pool, y) if cls._reads_output else pool, params)
-        return y
+        _generate(type(self))
+        return self.forward(*xs)
 
     def backward(self, dy):
-        pool, params = self.saved
-        k = self.backend
-        backs = type(self)._backs
-        if len(backs) == 1:
-            ((kernel, picks),) = backs
-            if kernel is None:
-                return (dy,)
-            return (getattr(k, kernel)(*[pool[j] for j in picks], dy, *params),)
-        shapes = ([x.shape for x in pool] if type(self)._reads_inputs else pool)
-        grads = []
-        for i, (kernel, picks) in enumerate(backs):
-            if not self.needs_grad[i]:
-                grads.append(None)
-                continue
-            g = dy if kernel is None else getattr(k, kernel)(*[pool[j] for j in picks], dy, *params)
-            grads.append(k.sum_to(g, shapes[i]))
-        return tuple(grads)
+        _generate(type(self))
+        return self.backward(dy)
+
+
+# Names the generated forward and backward use besides the formula's arguments.
+_GENERATED_NAMES = frozenset({"self", "kb", "y", "dy", "needs", "check_float", "check_same_dtype",
+                              "broadcast_shape"})
+
+
+def _generate(cls) -> None:
+    """Write ``cls``'s forward and backward from its formula's kernels, as straight-line
+    code (no loop over inputs or kernels: an elementwise op on a small tensor costs a few
+    microseconds, mostly this Python), and install them on the class."""
+    formula, plan = cls.formula, formulas.plan(cls.formula)
+    inputs, params = formula.inputs, formula.params
+    several = len(inputs) > 1
+    arguments = ", ".join(inputs + params)
+
+    # What backward reads: some inputs, the output, and (to sum broadcast gradients back
+    # down) the shape of every input of a formula of several.
+    read = {a for k in plan.backward if not k.identity for a in k.args[:-1]}
+    saved = [x for x in inputs if x in read]
+    saved += [f"{x}_shape" for x in inputs if several and x not in read]
+    saved += ["y"] if formulas.OUTPUT in read else []
+    saved += list(params)
+
+    forward = [f"def forward(self, {', '.join(inputs)}):"]
+    forward += [f"    {p} = self.attrs[{p!r}]" for p in params]
+    if len(inputs) == 2:
+        a, b = inputs
+        forward += [f"    if {a}.dtype != {b}.dtype:", f"        check_same_dtype(self, {a}, {b})",
+                    f"    if {a}.shape != {b}.shape:", f"        broadcast_shape(self, {a}, {b})"]
+    elif several:
+        forward += [f"    check_same_dtype(self, {', '.join(inputs)})",
+                    f"    broadcast_shape(self, {', '.join(inputs)})"]
+    if cls.floats_only:
+        forward += [f"    if {x}.dtype.kind != 'f':\n        check_float(self, {x})" for x in inputs]
+    forward += [f"    y = self.backend.{plan.forward.name}({arguments})"]
+    forward += [f"    {x}_shape = {x}.shape" for x in inputs if f"{x}_shape" in saved]
+    forward += [f"    self.saved = ({', '.join(saved)},)" if saved else "    self.saved = ()", "    return y"]
+
+    backward = ["def backward(self, dy):"]
+    backward += [f"    {', '.join(saved)}, = self.saved" if saved else ""]
+    backward += ["    kb = self.backend"] + (["    needs = self.needs_grad"] if several else [])
+    grads = []
+    for i, (x, k) in enumerate(zip(inputs, plan.backward, strict=True)):
+        operands = ["y" if a == formulas.OUTPUT else a for a in k.args[:-1]] + ["dy", *k.params]
+        operands = ", ".join(operands)
+        g = "dy" if k.identity else f"kb.{k.name}({operands})"
+        shape = f"{x}.shape" if x in saved else f"{x}_shape"
+        grads.append(f"kb.sum_to({g}, {shape}) if needs[{i}] else None" if several else g)
+    backward += ["    return (" + ",\n            ".join(grads) + ",)"]
+
+    source = "\n".join(line for line in forward + [""] + backward if line) + "\n"
+    namespace = {"check_float": check_float, "check_same_dtype": check_same_dtype,
+                 "broadcast_shape": broadcast_shape}
+    exec(compile(source, f"<{cls.name} generated from its formula>", "exec"), namespace)
+    cls.forward, cls.backward, cls.source = namespace["forward"], namespace["backward"], source
 
 
 def _entrywise(build, count: int):
