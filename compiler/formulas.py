@@ -260,10 +260,14 @@ _UNSOLVED = (NotImplementedError, ValueError)
 def _through_output(sp, f, d, xs, out):
     """``d`` rewritten in terms of the output ``out`` = f where that evaluates fewer
     transcendental functions and divides by nothing new, and sympy proves it equal.
-    Tried: replacing f where it occurs in d, and, for one input, substituting the
-    inverse of f (1/(1 + e^-x) -> x = log(y / (1 - y)) turns e^-x/(1 + e^-x)^2 into y(1 - y))."""
+    Tried: replacing f where it occurs in d, and, for one input that occurs once in f,
+    substituting the inverse of f (1/(1 + e^-x) -> x = log(y / (1 - y)) turns
+    e^-x/(1 + e^-x)^2 into y(1 - y))."""
     candidates = [d.subs(f, out)]
-    if len(xs) == 1 and not f.has(sp.Piecewise) and d.has(xs[0]):
+    # Only where the input occurs once: then solve peels functions off one by one; on
+    # x (1 + tanh(x + x^3)) / 2 it searched for minutes.
+    occurs_once = len(xs) == 1 and sum(1 for node in sp.preorder_traversal(f) if node == xs[0]) == 1
+    if occurs_once and not f.has(sp.Piecewise) and d.has(xs[0]):
         try:
             inverses = sp.solve(sp.Eq(out, f), xs[0])
         except _UNSOLVED:
@@ -364,12 +368,17 @@ def _printers():
     from sympy.printing.pycode import PythonCodePrinter
 
     class NumPy(NumPyPrinter):
-        """numpy with numpy.where for Piecewise: numpy.select's default would make float64."""
+        """numpy with numpy.where for Piecewise (numpy.select's default would make float64)
+        and the reference's own ``_erf``."""
 
         def _print_Pow(self, expr, rational=False):
             if expr.exp == -1:                     # a division, not a float power
                 return f"1/{self.parenthesize(expr.base, 1000)}"
             return super()._print_Pow(expr, rational)
+
+        def _print_erf(self, expr):
+            # numpy has no erf (sympy would print math.erf, which takes one number).
+            return f"_erf({self._print(expr.args[0])})"
 
         def _print_Piecewise(self, expr):
             *pieces, (last, _) = expr.args
@@ -401,6 +410,8 @@ def _printers():
             return self._constant(repr(float(expr)))
 
         def _print_Pow(self, expr, rational=False):  # noqa: ARG002 - the printer's signature
+            if expr.is_number:                        # sqrt(2): a constant, not a power per entry
+                return self._constant(repr(float(expr)))
             base, exponent = expr.args
             if exponent.is_Integer and 1 <= abs(int(exponent)) <= 3:
                 b = self.parenthesize(base, 1000)     # an atom, or in parentheses
@@ -409,6 +420,9 @@ def _printers():
                     return product if exponent == 1 else f"({product})"
                 return f"({self._constant('1.0')}/({product}))"
             return f"{self.parenthesize(base, 1000)}**{self.parenthesize(exponent, 1000)}"
+
+        def _print_Pi(self, expr):
+            return self._constant(repr(float(expr)))
 
         def _print_exp(self, expr):
             return f"{'_exp' if self.fast else 'math.exp'}({self._print(expr.args[0])})"

@@ -15,8 +15,11 @@ from .ops import (
     CrossEntropy,
     Dropout,
     Embedding,
+    Gelu,
+    GeluTanh,
     GRUCell,
     GRUGates,
+    LayerNorm,
     Linear,
     LSTMCellState,
     LSTMHidden,
@@ -24,7 +27,38 @@ from .ops import (
 )
 from .tensor import Tensor, cat
 
-__all__ = ["linear", "cross_entropy", "nll_loss", "mse_loss", "dropout", "embedding", "gru_cell", "lstm_cell"]
+__all__ = ["linear", "gelu", "layer_norm", "cross_entropy", "nll_loss", "mse_loss", "dropout", "embedding",
+           "gru_cell", "lstm_cell"]
+
+
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    """x Phi(x), Phi the standard normal CDF, as ``torch.nn.functional.gelu``: the exact erf
+    form (``ta.ops.Gelu``) or, with ``approximate="tanh"``, the tanh approximation
+    (``ta.ops.GeluTanh``).  One node each, its derivative derived from the formula.
+
+    Example:
+        >>> F.gelu(Tensor([-1.0, 0.0, 1.0])).numpy()      # [-0.1587, 0, 0.8413]
+    """
+    if approximate == "none":
+        return Gelu.apply(x)
+    if approximate == "tanh":
+        return GeluTanh.apply(x)
+    raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the trailing ``normalized_shape`` axes
+    (biased variance), as ``torch.nn.functional.layer_norm``: one node (``ta.ops.LayerNorm``).
+
+    Example:
+        >>> y = F.layer_norm(x, (64,), gamma, beta)        # x (B, T, 64)
+    """
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if weight is None and bias is not None:              # the op takes a bias after a weight
+        weight = Tensor.ones(*shape, dtype=bias.dtype, device=bias.device)
+    params = tuple(p for p in (weight, bias) if p is not None)
+    return LayerNorm.apply(x, *params, normalized_shape=shape, epsilon=float(eps))
 
 
 def _ids(x, like: Tensor, what: str) -> Tensor:

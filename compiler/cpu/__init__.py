@@ -3,10 +3,11 @@ the fused attention kernels (additive scores, scaled dot-product).
 
 These override the numpy reference kernels of the same names; every other kernel of the
 device stays the reference one.  One module per kernel family, each with its part of the
-table (``KERNELS``): elementwise, softmax (with cross-entropy), movement (the embedding's
-scatter), attention, rnn (the GRU and LSTM gates).  Matrix products stay on numpy's BLAS:
-a hand-written Numba GEMM reaches ~60 GFLOP/s here against BLAS's ~190, so the fused
-attention kernels call BLAS for their products and Numba for everything between them.
+table (``KERNELS``): elementwise, softmax (with cross-entropy), norm (layer normalisation),
+movement (the embedding's scatter), attention, rnn (the GRU and LSTM gates).  Matrix
+products stay on numpy's BLAS: a hand-written Numba GEMM reaches ~60 GFLOP/s here against
+BLAS's ~190, so the fused attention kernels call BLAS for their products and Numba for
+everything between them.
 
 Softmax-shaped work (max, exp, sum, divide; its backward; cross-entropy) costs numpy four
 to seven passes over memory and a temporary per pass; a Numba row kernel does it in two
@@ -24,10 +25,10 @@ kept few by passing C-contiguous 2-D/3-D arrays only.
 
 from __future__ import annotations
 
-from . import attention, elementwise, movement, rnn, softmax
+from . import attention, elementwise, movement, norm, rnn, softmax
 
 __all__ = ["KERNELS", "FAMILIES"]
 
-FAMILIES = (elementwise, softmax, movement, attention, rnn)
+FAMILIES = (elementwise, softmax, norm, movement, attention, rnn)
 
 KERNELS = {name: fn for family in FAMILIES for name, fn in family.KERNELS.items()}

@@ -50,7 +50,7 @@ arrays refuse what real device arrays refuse, and its thread polling cheaper
 (tests/simulator.py).
 
 One module per kernel family, each with its part of the table (``KERNELS``): memory,
-elementwise, reduce, movement (with the embedding), linalg, softmax (with the losses),
+elementwise, reduce, movement (with the embedding), linalg, softmax (with the losses), norm,
 attention, rnn; device.py holds the launch configuration and the geometry they share.
 
 No GPU has run these kernels yet: they are checked under the simulator (tests/test_cuda.py,
@@ -60,11 +60,11 @@ types of every conformance case (tests/cuda_ptx.py, which needs the CUDA toolkit
 
 from __future__ import annotations
 
-from . import attention, elementwise, linalg, memory, movement, reduce, rnn, softmax
+from . import attention, elementwise, linalg, memory, movement, norm, reduce, rnn, softmax
 from .device import MAX_BLOCKS, ROW_THREADS, SDPA_ROWS, SIMULATOR, THREADS, TILE
 
 __all__ = ["KERNELS", "SIMULATOR", "THREADS", "ROW_THREADS", "TILE", "SDPA_ROWS", "MAX_BLOCKS"]
 
-FAMILIES = (memory, elementwise, reduce, movement, linalg, softmax, attention, rnn)
+FAMILIES = (memory, elementwise, reduce, movement, linalg, softmax, norm, attention, rnn)
 
 KERNELS = {name: fn for family in FAMILIES for name, fn in family.KERNELS.items()}

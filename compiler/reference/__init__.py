@@ -7,16 +7,16 @@ A ``*_back`` kernel is the vector-Jacobian product of its partner.
 
 One module per kernel family, each with its part of the table (``KERNELS``), the same
 families as compiler/cpu/ and compiler/cuda/: memory, elementwise, reduce, movement, linalg,
-softmax, attention, rnn.
+softmax, norm, attention, rnn.
 """
 
 from __future__ import annotations
 
-from . import attention, elementwise, linalg, memory, movement, reduce, rnn, softmax
+from . import attention, elementwise, linalg, memory, movement, norm, reduce, rnn, softmax
 
 __all__ = ["KERNELS", "FAMILIES"]
 
-FAMILIES = (memory, elementwise, reduce, movement, linalg, softmax, attention, rnn)
+FAMILIES = (memory, elementwise, reduce, movement, linalg, softmax, norm, attention, rnn)
 
 KERNELS = {name: fn for family in FAMILIES for name, fn in family.KERNELS.items()}
 

@@ -15,7 +15,7 @@ from .attention import (
     MultiHeadAttention,
     ScaledDotProductAttention,
 )
-from .layers import Dropout, Embedding, LayerNorm
+from .layers import GELU, Dropout, Embedding, LayerNorm
 from .linear import Linear
 from .module import Module, Parameter
 from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
@@ -27,6 +27,7 @@ __all__ = [
     "Embedding",
     "Dropout",
     "LayerNorm",
+    "GELU",
     "RNNCell",
     "GRUCell",
     "LSTMCell",

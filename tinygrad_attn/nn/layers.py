@@ -6,7 +6,6 @@ import numpy as np
 
 from .. import functional as F
 from .. import random as _random
-from ..autograd import ShapeError
 from ..tensor import Tensor
 from .module import Module, Parameter
 
@@ -74,13 +73,38 @@ class Dropout(Module):
         return f"p={self.p}"
 
 
+class GELU(Module):
+    """x Phi(x) (``F.gelu``), as ``torch.nn.GELU``: ``approximate`` "none" (the erf form) or
+    "tanh".
+
+    Example:
+        >>> act = nn.GELU()
+        >>> act(Tensor([1.0])).numpy()        # [0.8413]
+    """
+
+    def __init__(self, approximate: str = "none"):
+        super().__init__()
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
+        self.approximate = approximate
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.gelu(x, self.approximate)
+
+    def extra_repr(self) -> str:
+        return f"approximate={self.approximate!r}"
+
+
 class LayerNorm(Module):
     """y = (x - mean) / sqrt(var + eps) * weight + bias over the trailing ``normalized_shape``
-    axes, var being the biased variance (Ba et al. 2016), as ``torch.nn.LayerNorm``.
+    axes, var being the biased variance (Ba et al. 2016), as ``torch.nn.LayerNorm``: one fused
+    node (``F.layer_norm``).
 
     Args:
         normalized_shape: the trailing shape to normalise over (an int for the last axis).
         eps: added to the variance.  elementwise_affine: learn weight (ones) and bias (zeros).
+        bias: with elementwise_affine, learn the bias too (torch's ``bias=False`` keeps only
+            the weight).
 
     Example:
         >>> norm = nn.LayerNorm(8)
@@ -88,25 +112,16 @@ class LayerNorm(Module):
         (2, 5, 8)
     """
 
-    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True):
+    def __init__(self, normalized_shape, eps: float = 1e-5, elementwise_affine: bool = True,
+                 bias: bool = True):
         super().__init__()
         shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
         self.normalized_shape, self.eps = shape, float(eps)
         self.weight = Parameter(np.ones(shape)) if elementwise_affine else None
-        self.bias = Parameter(np.zeros(shape)) if elementwise_affine else None
+        self.bias = Parameter(np.zeros(shape)) if elementwise_affine and bias else None
 
     def forward(self, x: Tensor) -> Tensor:
-        n = len(self.normalized_shape)
-        if x.shape[x.ndim - n:] != self.normalized_shape:
-            raise ShapeError(f"LayerNorm({self.extra_repr()}): input of shape {x.shape} must end in "
-                             f"{self.normalized_shape}")
-        axes = tuple(range(x.ndim - n, x.ndim))
-        centred = x - x.mean(axis=axes, keepdims=True)
-        var = (centred * centred).mean(axis=axes, keepdims=True)
-        y = centred * (var + self.eps) ** -0.5
-        if self.weight is not None:
-            y = y * self.weight + self.bias
-        return y
+        return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.normalized_shape}, eps={self.eps}, elementwise_affine={self.weight is not None}"

@@ -18,6 +18,8 @@ from .elementwise import (
     Div,
     Elementwise,
     Exp,
+    Gelu,
+    GeluTanh,
     LeakyRelu,
     Log,
     MaskedFill,
@@ -32,7 +34,7 @@ from .elementwise import (
 )
 from .linalg import Linear, MatMul
 from .movement import Cat, Expand, GetItem, Permute, Reshape, Stack
-from .nn import CrossEntropy, Dropout, Embedding, LogSoftmax, NLLLoss, Softmax
+from .nn import CrossEntropy, Dropout, Embedding, LayerNorm, LogSoftmax, NLLLoss, Softmax
 from .reduce import Max, Mean, Sum
 from .rnn import GRUCell, GRUGates, LSTMCellState, LSTMHidden
 
@@ -40,8 +42,9 @@ __all__ = [
     "Op", "Elementwise", "Example", "DeferredGrad", "register", "registry",
     "attention", "elementwise", "linalg", "movement", "nn", "reduce", "rnn",
     "Add", "Sub", "Mul", "Div", "Neg", "Pow", "Exp", "Log", "Tanh", "Sigmoid", "Relu",
-    "LeakyRelu", "Where", "MaskedFill", "Cast", "Linear", "MatMul", "Reshape", "Permute", "Expand",
+    "LeakyRelu", "Gelu", "GeluTanh", "Where", "MaskedFill", "Cast", "Linear", "MatMul", "Reshape",
+    "Permute", "Expand",
     "GetItem", "Cat", "Stack", "Sum", "Mean", "Max", "Softmax", "LogSoftmax", "CrossEntropy",
-    "NLLLoss", "Embedding", "Dropout", "MaskedSoftmax", "AdditiveScores",
+    "NLLLoss", "Embedding", "Dropout", "LayerNorm", "MaskedSoftmax", "AdditiveScores",
     "ScaledDotProduct", "GRUGates", "GRUCell", "LSTMCellState", "LSTMHidden",
 ]

@@ -350,6 +350,34 @@ class LeakyRelu(Elementwise):
 
 
 @register
+class Gelu(Elementwise):
+    """y = x Phi(x) = x (1 + erf(x / sqrt(2))) / 2, Phi the standard normal CDF (Hendrycks and
+    Gimpel 2016; torch's ``gelu``, the Transformer feed-forward's activation option)."""
+
+    @staticmethod
+    def symbolic(sp, x):
+        return x * (1 + sp.erf(x / sp.sqrt(2))) / 2
+
+    @classmethod
+    def examples(cls):
+        return _unary_examples(130, low=-3.0, high=3.0)
+
+
+@register
+class GeluTanh(Elementwise):
+    """y = x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) / 2: GELU's tanh approximation
+    (torch's ``gelu(x, approximate="tanh")``)."""
+
+    @staticmethod
+    def symbolic(sp, x):
+        return x * (1 + sp.tanh(sp.sqrt(2 / sp.pi) * (x + sp.Rational(44715, 1000000) * x**3))) / 2
+
+    @classmethod
+    def examples(cls):
+        return _unary_examples(140, low=-3.0, high=3.0)
+
+
+@register
 class Where(Op):
     """y = a where cond else b  (cond boolean, no gradient)"""
 

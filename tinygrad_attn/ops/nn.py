@@ -1,4 +1,5 @@
-"""Neural-network ops: the softmax family, fused losses, embedding lookup and dropout.
+"""Neural-network ops: the softmax family, fused losses, embedding lookup, dropout and layer
+normalisation.
 
 Softmax-type ops subtract the row maximum before exp, so logits of 1e4 never overflow.
 A row that is entirely -inf (every position masked) gives zeros from softmax and -inf from
@@ -14,6 +15,7 @@ from ..shapes import dim
 from ._common import (
     check_float,
     check_integer,
+    check_same_dtype,
     elementwise,
     normalize_axis,
     number,
@@ -324,3 +326,73 @@ class Dropout(Op):
 
 def _scale(p: float) -> float:
     return 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
+
+
+@register
+class LayerNorm(Op):
+    """y = (x - mean) / sqrt(var + eps) * weight + bias over the trailing ``normalized_shape``
+    axes of x, var the biased variance (Ba et al. 2016; ``torch.nn.functional.layer_norm``).
+    weight and bias (``normalized_shape``) are optional inputs: x alone, x and weight, or all
+    three.  Attributes: ``normalized_shape`` and ``epsilon`` (torch's ``eps``; ``ta.check``
+    takes ``eps`` for its finite-difference step).
+
+    One node instead of six (mean, centre, square, mean, rsqrt, scale): the kernel keeps each
+    row's mean and 1/std, and backward is dx = rstd (g - mean(g) - xhat mean(g xhat)) with
+    g = dy weight and xhat the normalised x, plus the column sums of dy xhat and dy.
+    """
+
+    kernels = ("layer_norm", "layer_norm_back", "reshape")
+
+    @staticmethod
+    def symbolic(sp, x, weight=None, bias=None, *, normalized_shape, epsilon):
+        x = np.asarray(x, dtype=object)
+        axes = tuple(range(x.ndim - len(normalized_shape), x.ndim))
+        n = int(np.prod(normalized_shape))
+        mean = np.sum(x, axis=axes, keepdims=True) / n
+        centred = x - mean
+        var = np.sum(centred * centred, axis=axes, keepdims=True) / n
+        y = centred * elementwise(lambda v: 1 / sp.sqrt(v + number(sp, epsilon)), var)
+        if weight is not None:
+            y = y * np.asarray(weight, dtype=object)
+        if bias is not None:
+            y = y + np.asarray(bias, dtype=object)
+        return y
+
+    def forward(self, x, weight=None, bias=None):
+        shape = tuple(self.normalized_shape)
+        params = tuple(p for p in (weight, bias) if p is not None)
+        check_same_dtype(self, x, *params)
+        check_float(self, x)
+        if x.ndim < len(shape) or tuple(x.shape[x.ndim - len(shape):]) != shape:
+            self.fail(f"input of shape {tuple(x.shape)} must end in normalized_shape {shape}")
+        for name, p in (("weight", weight), ("bias", bias)):
+            if p is not None and tuple(p.shape) != shape:
+                self.fail(f"{name} must have the normalized_shape {shape}, got {tuple(p.shape)}")
+        k = self.backend
+        n = int(np.prod(shape))
+        x2 = k.reshape(x, (-1, n))                                      # (M, N)
+        flat = [None if p is None else k.reshape(p, (n,)) for p in (weight, bias)]
+        y2, mean, rstd = k.layer_norm(x2, flat[0], flat[1], float(self.epsilon))
+        self.saved = (x2, mean, rstd, flat[0], x.shape)
+        return k.reshape(y2, x.shape)
+
+    def backward(self, dy):
+        x2, mean, rstd, weight, x_shape = self.saved
+        k = self.backend
+        shape = tuple(self.normalized_shape)
+        dx2, dweight, dbias = k.layer_norm_back(k.reshape(dy, x2.shape), x2, mean, rstd, weight)
+        grads = (k.reshape(dx2, x_shape) if self.needs_grad[0] else None,)
+        if len(self.needs_grad) > 1:
+            grads += (k.reshape(dweight, shape) if self.needs_grad[1] else None,)
+        if len(self.needs_grad) > 2:
+            grads += (k.reshape(dbias, shape) if self.needs_grad[2] else None,)
+        return grads
+
+    @classmethod
+    def examples(cls):
+        return [
+            Example((uniform(600, 2, 4), uniform(601, 4), uniform(602, 4)),
+                    {"normalized_shape": (4,), "epsilon": 1e-5}),
+            Example((uniform(603, 2, 2, 3),), {"normalized_shape": (2, 3), "epsilon": 0.1}),
+            Example((uniform(604, 3, 3), uniform(605, 3)), {"normalized_shape": (3,), "epsilon": 1e-5}),
+        ]
