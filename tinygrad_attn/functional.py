@@ -91,7 +91,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 def cross_entropy(logits: Tensor, target, ignore_index: int | None = None,
-                  reduction: str = "mean") -> Tensor:
+                  reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
     """Softmax cross-entropy, fused: ``-log softmax(logits)[target]``.
 
     Args:
@@ -99,12 +99,32 @@ def cross_entropy(logits: Tensor, target, ignore_index: int | None = None,
         target: int (...) class ids (a Tensor, array or list).
         ignore_index: a target id whose rows are skipped (e.g. the ``<pad>`` id 0).
         reduction: "mean" (over rows not ignored; 0 if all are), "sum" or "none".
+        label_smoothing: eps in [0, 1]: the target distribution is (1 - eps) on the target
+            class plus eps / C on every class (Szegedy et al. 2016; torch's definition), so a
+            row's loss is (1 - eps) (-log p_target) + eps mean_c(-log p_c).  Ignored rows
+            still contribute nothing.
 
     Example:
         >>> loss = F.cross_entropy(logits, tgt_out, ignore_index=0)   # (B, T, V), (B, T)
+        >>> loss = F.cross_entropy(logits, tgt_out, ignore_index=0, label_smoothing=0.1)
     """
     target = _ids(target, logits, "cross_entropy: target")
-    return CrossEntropy.apply(logits, target, ignore_index=ignore_index, reduction=reduction)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise ValueError(f"cross_entropy: label_smoothing must be in [0, 1], got {label_smoothing}")
+    if not label_smoothing:
+        return CrossEntropy.apply(logits, target, ignore_index=ignore_index, reduction=reduction)
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"cross_entropy: reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    eps = float(label_smoothing)
+    nll = CrossEntropy.apply(logits, target, ignore_index=ignore_index, reduction="none")   # (...)
+    spread = -logits.log_softmax(-1).mean(axis=-1)                                         # (...)
+    kept = np.ones(target.shape, dtype=bool) if ignore_index is None else target.numpy() != ignore_index
+    keep = Tensor(kept, dtype=logits.dtype, device=logits.device)
+    rows = nll * (1.0 - eps) + spread * keep * eps
+    if reduction == "none":
+        return rows
+    total = rows.sum()
+    return total if reduction == "sum" else total / max(int(kept.sum()), 1)
 
 
 def nll_loss(log_probs: Tensor, target, ignore_index: int | None = None,

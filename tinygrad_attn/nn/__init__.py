@@ -17,11 +17,19 @@ from .attention import (
 )
 from .layers import GELU, Dropout, Embedding, LayerNorm
 from .linear import Linear
-from .module import Module, Parameter
+from .module import Module, ModuleList, Parameter
 from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
+from .transformer import (
+    Transformer,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+)
 
 __all__ = [
     "Module",
+    "ModuleList",
     "Parameter",
     "Linear",
     "Embedding",
@@ -34,6 +42,11 @@ __all__ = [
     "RNN",
     "GRU",
     "LSTM",
+    "TransformerEncoderLayer",
+    "TransformerDecoderLayer",
+    "TransformerEncoder",
+    "TransformerDecoder",
+    "Transformer",
     "init",
     "utils",
     "DotAttention",

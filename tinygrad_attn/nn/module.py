@@ -232,3 +232,35 @@ def _parameter_values(array: np.ndarray, dtype, where: str) -> np.ndarray:
             raise ValueError(f"{where} holds {biggest:.3g}, beyond {np.dtype(dtype).name}'s range "
                              f"(+-{float(np.finfo(dtype).max):.3g})")
     return converted
+
+
+class ModuleList(Module):
+    """Modules held in a list, registered as children "0", "1", ... (so their parameters are
+    ``layers.0.weight``, as in ``torch.nn.ModuleList``).
+
+    Example:
+        >>> blocks = nn.ModuleList([nn.Linear(4, 4) for _ in range(3)])
+        >>> for block in blocks:
+        ...     x = block(x)
+    """
+
+    def __init__(self, modules=()):
+        super().__init__()
+        for module in modules:
+            self.append(module)
+
+    def append(self, module: Module) -> ModuleList:
+        if not isinstance(module, Module):
+            raise TypeError(f"ModuleList: {type(module).__name__} is not a Module")
+        setattr(self, str(len(self._modules)), module)
+        return self
+
+    def __getitem__(self, index: int) -> Module:
+        modules = list(self._modules.values())
+        return modules[index]
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __iter__(self):
+        return iter(list(self._modules.values()))

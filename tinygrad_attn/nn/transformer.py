@@ -1,0 +1,247 @@
+"""The Transformer's layers (Vaswani et al. 2017), with ``torch.nn.Transformer``'s constructor
+arguments, parameter names and shapes (``batch_first=True``), so a torch state_dict loads.
+
+Masks keep the engine's one convention: True = a real token / may attend (torch's
+``*_key_padding_mask`` is the opposite).  ``causal=True`` lets position i attend to positions
+<= i, as torch's ``is_causal`` with a square subsequent mask.
+
+    encoder layer:  x = norm1(x + self_attention(x));  x = norm2(x + feed_forward(x))
+    decoder layer:  x = norm1(x + self_attention(x));  x = norm2(x + cross_attention(x, memory))
+                    x = norm3(x + feed_forward(x))
+
+With ``norm_first`` (pre-norm, the layout most later models use) each sublayer reads the
+normalised x and adds to the un-normalised one: ``x = x + sublayer(norm(x))``.
+"""
+
+from __future__ import annotations
+
+from .. import functional as F
+from .. import scopes
+from ..autograd import scope
+from ..tensor import Tensor
+from . import init
+from .attention import MultiHeadAttention
+from .layers import Dropout, LayerNorm
+from .linear import Linear
+from .module import Module, ModuleList
+
+__all__ = ["TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder",
+           "TransformerDecoder", "Transformer"]
+
+_ACTIVATIONS = ("relu", "gelu")
+
+
+def _check(name: str, d_model: int, nhead: int, activation: str, batch_first: bool) -> None:
+    if nhead < 1 or d_model % nhead:
+        raise ValueError(f"{name}: nhead={nhead} must divide d_model={d_model}")
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"{name}: activation must be 'relu' or 'gelu', got {activation!r}")
+    if not batch_first:
+        raise ValueError(f"{name}: the engine is batch first (B, T, E); batch_first=False is not supported")
+
+
+class _Layer(Module):
+    """What both layers share: the feed-forward block and the residual wiring."""
+
+    def _feed_forward(self, x: Tensor) -> Tensor:
+        with scope(scopes.FEED_FORWARD):
+            h = self.linear1(x)
+            h = h.relu() if self.activation == "relu" else F.gelu(h)
+            return self.linear2(self.dropout(h))
+
+    def _sublayer(self, x: Tensor, norm: LayerNorm, dropout: Dropout, block) -> Tensor:
+        if self.norm_first:
+            return x + dropout(block(norm(x)))
+        return norm(x + dropout(block(x)))
+
+
+class TransformerEncoderLayer(_Layer):
+    """Self-attention and a feed-forward block, each with a residual connection and layer
+    normalisation, as ``torch.nn.TransformerEncoderLayer(..., batch_first=True)``.
+
+    Parameters: self_attn (a ``MultiHeadAttention``), linear1 (dim_feedforward, d_model),
+    linear2 (d_model, dim_feedforward), norm1, norm2.
+
+    Example:
+        >>> layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128)
+        >>> y = layer(x, key_mask=src != 0)            # x (B, S, 64) -> (B, S, 64)
+    """
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
+                 activation: str = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = True,
+                 norm_first: bool = False, bias: bool = True):
+        super().__init__()
+        _check("TransformerEncoderLayer", d_model, nhead, activation, batch_first)
+        self.config = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
+                           activation=activation, layer_norm_eps=layer_norm_eps, norm_first=norm_first,
+                           bias=bias)
+        self.d_model, self.activation, self.norm_first = d_model, activation, norm_first
+        self.self_attn = MultiHeadAttention(d_model, nhead, dropout=dropout, bias=bias)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias)
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.dropout, self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout), Dropout(dropout)
+
+    def forward(self, x: Tensor, key_mask=None, mask=None, causal: bool = False) -> Tensor:
+        """x (B, S, d_model) -> (B, S, d_model).  key_mask (B, S): True at real tokens;
+        mask: True = may attend, broadcast to (B, nhead, S, S)."""
+        def attend(h):
+            with scope(scopes.SELF_ATTENTION):
+                return self.self_attn(h, h, h, key_mask=key_mask, mask=mask, causal=causal,
+                                      need_weights=False)[0]
+
+        x = self._sublayer(x, self.norm1, self.dropout1, attend)
+        return self._sublayer(x, self.norm2, self.dropout2, self._feed_forward)
+
+
+class TransformerDecoderLayer(_Layer):
+    """Causal self-attention, attention over the encoder's output (``memory``) and a
+    feed-forward block, as ``torch.nn.TransformerDecoderLayer(..., batch_first=True)``.
+
+    Parameters: self_attn, multihead_attn (the cross-attention), linear1, linear2, norm1,
+    norm2, norm3.
+
+    Example:
+        >>> layer = nn.TransformerDecoderLayer(d_model=64, nhead=4, dim_feedforward=128)
+        >>> y = layer(t, memory, key_mask=tgt != 0, memory_key_mask=src != 0)
+    """
+
+    def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
+                 activation: str = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = True,
+                 norm_first: bool = False, bias: bool = True):
+        super().__init__()
+        _check("TransformerDecoderLayer", d_model, nhead, activation, batch_first)
+        self.config = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
+                           activation=activation, layer_norm_eps=layer_norm_eps, norm_first=norm_first,
+                           bias=bias)
+        self.d_model, self.activation, self.norm_first = d_model, activation, norm_first
+        self.self_attn = MultiHeadAttention(d_model, nhead, dropout=dropout, bias=bias)
+        self.multihead_attn = MultiHeadAttention(d_model, nhead, dropout=dropout, bias=bias)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias)
+        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+        self.dropout = Dropout(dropout)
+        self.dropout1, self.dropout2, self.dropout3 = Dropout(dropout), Dropout(dropout), Dropout(dropout)
+
+    def forward(self, x: Tensor, memory: Tensor, key_mask=None, memory_key_mask=None,
+                causal: bool = True) -> Tensor:
+        """x (B, T, d_model), memory (B, S, d_model) -> (B, T, d_model).  key_mask (B, T) and
+        memory_key_mask (B, S): True at real tokens."""
+        def attend_self(h):
+            with scope(scopes.SELF_ATTENTION):
+                return self.self_attn(h, h, h, key_mask=key_mask, causal=causal, need_weights=False)[0]
+
+        def attend_memory(h):
+            with scope(scopes.CROSS_ATTENTION):
+                return self.multihead_attn(h, memory, memory, key_mask=memory_key_mask,
+                                           need_weights=False)[0]
+
+        x = self._sublayer(x, self.norm1, self.dropout1, attend_self)
+        x = self._sublayer(x, self.norm2, self.dropout2, attend_memory)
+        return self._sublayer(x, self.norm3, self.dropout3, self._feed_forward)
+
+
+def _clones(layer: Module, num_layers: int) -> ModuleList:
+    """``num_layers`` copies of ``layer`` with its weights (torch deep-copies the layer)."""
+    copies = ModuleList()
+    for _ in range(num_layers):
+        copy = type(layer)(**layer.config)
+        copy.to(layer.linear1.weight.device)
+        copy.load_state_dict(layer.state_dict())
+        copies.append(copy)
+    return copies
+
+
+class TransformerEncoder(Module):
+    """``num_layers`` copies of ``encoder_layer`` in sequence, then ``norm`` if given, as
+    ``torch.nn.TransformerEncoder`` (parameters ``layers.0.self_attn...``, ``norm.weight``)."""
+
+    def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int,
+                 norm: LayerNorm | None = None):
+        super().__init__()
+        self.layers = _clones(encoder_layer, num_layers)
+        self.num_layers = num_layers
+        if norm is not None:
+            self.norm = norm
+        else:
+            object.__setattr__(self, "norm", None)
+
+    def forward(self, x: Tensor, key_mask=None, mask=None, causal: bool = False) -> Tensor:
+        for i, layer in enumerate(self.layers):
+            with scope(scopes.layer(i)):
+                x = layer(x, key_mask=key_mask, mask=mask, causal=causal)
+        return x if self.norm is None else self.norm(x)
+
+
+class TransformerDecoder(Module):
+    """``num_layers`` copies of ``decoder_layer``, then ``norm`` if given, as
+    ``torch.nn.TransformerDecoder``."""
+
+    def __init__(self, decoder_layer: TransformerDecoderLayer, num_layers: int,
+                 norm: LayerNorm | None = None):
+        super().__init__()
+        self.layers = _clones(decoder_layer, num_layers)
+        self.num_layers = num_layers
+        if norm is not None:
+            self.norm = norm
+        else:
+            object.__setattr__(self, "norm", None)
+
+    def forward(self, x: Tensor, memory: Tensor, key_mask=None, memory_key_mask=None,
+                causal: bool = True) -> Tensor:
+        for i, layer in enumerate(self.layers):
+            with scope(scopes.layer(i)):
+                x = layer(x, memory, key_mask=key_mask, memory_key_mask=memory_key_mask, causal=causal)
+        return x if self.norm is None else self.norm(x)
+
+
+class Transformer(Module):
+    """An encoder and a decoder of Transformer layers, each ending in a layer norm, as
+    ``torch.nn.Transformer(..., batch_first=True)``: the same arguments and defaults, the
+    same parameter names (``encoder.layers.0.self_attn.in_proj_weight``, ``encoder.norm.weight``,
+    ``decoder.layers.1.multihead_attn.out_proj.bias``, ...) and, like torch's, every weight
+    matrix re-drawn Xavier-uniform after construction.  Embeddings and the output projection
+    are the model's (``ta.models.Transformer``).
+
+    Example:
+        >>> tr = nn.Transformer(d_model=64, nhead=4, num_encoder_layers=2, num_decoder_layers=2,
+        ...                     dim_feedforward=128, dropout=0.0)
+        >>> y = tr(src_embedded, tgt_embedded, src_key_mask=src != 0, tgt_key_mask=tgt != 0)
+        >>> tr.load_state_dict(torch_transformer.state_dict())
+    """
+
+    def __init__(self, d_model: int = 512, nhead: int = 8, num_encoder_layers: int = 6,
+                 num_decoder_layers: int = 6, dim_feedforward: int = 2048, dropout: float = 0.1,
+                 activation: str = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = True,
+                 norm_first: bool = False, bias: bool = True):
+        super().__init__()
+        options = dict(dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
+                       layer_norm_eps=layer_norm_eps, batch_first=batch_first, norm_first=norm_first,
+                       bias=bias)
+        def final_norm():
+            return LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
+
+        self.encoder = TransformerEncoder(TransformerEncoderLayer(d_model, nhead, **options),
+                                          num_encoder_layers, final_norm())
+        self.decoder = TransformerDecoder(TransformerDecoderLayer(d_model, nhead, **options),
+                                          num_decoder_layers, final_norm())
+        self.d_model, self.nhead = d_model, nhead
+        for p in self.parameters():
+            if p.ndim > 1:
+                p.data = init.xavier_uniform(p.shape).astype(p.dtype)
+
+    def forward(self, src: Tensor, tgt: Tensor, src_key_mask=None, tgt_key_mask=None,
+                causal: bool = True) -> Tensor:
+        """src (B, S, d_model), tgt (B, T, d_model) -> (B, T, d_model).  ``src_key_mask`` masks
+        the encoder's self-attention and the decoder's cross-attention (torch's
+        ``src_key_padding_mask`` and ``memory_key_padding_mask``); ``causal`` the decoder's
+        self-attention."""
+        with scope(scopes.ENCODER):
+            memory = self.encoder(src, key_mask=src_key_mask)
+        with scope(scopes.DECODER):
+            return self.decoder(tgt, memory, key_mask=tgt_key_mask, memory_key_mask=src_key_mask,
+                                causal=causal)
+
