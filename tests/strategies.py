@@ -8,6 +8,8 @@ must treat exactly like a contiguous copy.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -48,8 +50,15 @@ def broadcastable_shapes(draw, num_shapes: int = 2, min_dims: int = 0,
     return tuple(_shrink(draw, full) for _ in range(num_shapes))
 
 
-def elements(low: float = -3.0, high: float = 3.0) -> st.SearchStrategy[float]:
-    """Finite floats in [low, high] (no NaN, inf or subnormals)."""
+def elements(low: float = -3.0, high: float = 3.0,
+             step: float | None = None) -> st.SearchStrategy[float]:
+    """Finite floats in [low, high] (no NaN, inf or subnormals); with ``step``, only
+    multiples of it, so equal entries (ties, equal operands) are common."""
+    if step is not None:
+        # sampled_from, not integers().map(): hnp.arrays fills arrays cheaply only from
+        # strategies whose values it may reuse.
+        return st.sampled_from([k * step for k in range(math.ceil(low / step),
+                                                        math.floor(high / step) + 1)])
     return st.floats(low, high, allow_nan=False, allow_infinity=False, allow_subnormal=False)
 
 
@@ -75,15 +84,16 @@ def _layout_view(draw, shape: tuple[int, ...], layout: str, values) -> np.ndarra
 
 @st.composite
 def arrays(draw, shape: tuple[int, ...], low: float = -3.0, high: float = 3.0,
-           layout: str | None = None) -> np.ndarray:
-    """float64 arrays of ``shape`` with entries in [low, high].
+           layout: str | None = None, step: float | None = None) -> np.ndarray:
+    """float64 arrays of ``shape`` with entries in [low, high] (multiples of ``step`` if
+    given).
 
     ``layout`` picks the memory layout ("contiguous", "transposed", "strided",
     "reversed"); None draws one, so callers see non-contiguous inputs too.
     """
     if layout is None:
         layout = draw(st.sampled_from(LAYOUTS))
-    return _layout_view(draw, tuple(shape), layout, elements(low, high))
+    return _layout_view(draw, tuple(shape), layout, elements(low, high, step))
 
 
 @st.composite
@@ -111,10 +121,11 @@ def positive_arrays(shape: tuple[int, ...], low: float = 0.5,
 
 @st.composite
 def shaped_arrays(draw, min_dims: int = 0, max_dims: int = MAX_DIMS, low: float = -3.0,
-                  high: float = 3.0, layout: str | None = None) -> np.ndarray:
+                  high: float = 3.0, layout: str | None = None,
+                  step: float | None = None) -> np.ndarray:
     """An array of a drawn shape (any layout unless ``layout`` is given)."""
     shape = draw(shapes(min_dims=min_dims, max_dims=max_dims))
-    return draw(arrays(shape, low=low, high=high, layout=layout))
+    return draw(arrays(shape, low=low, high=high, layout=layout, step=step))
 
 
 @st.composite
@@ -155,13 +166,37 @@ def basic_indices(shape: tuple[int, ...]):
 
 
 @st.composite
-def forward_slices(draw, side: int) -> slice:
-    """A slice with a positive step (PyTorch has no negative-step slices), possibly empty,
-    with negative or out-of-range bounds."""
+def slices(draw, side: int) -> slice:
+    """A slice with any step, negative included, possibly empty, with negative or
+    out-of-range bounds."""
     start = draw(st.none() | st.integers(-side - 1, side + 1))
     stop = draw(st.none() | st.integers(-side - 1, side + 1))
-    step = draw(st.none() | st.integers(1, 3))
+    step = draw(st.none() | st.integers(1, 3) | st.integers(-3, -1))
     return slice(start, stop, step)
+
+
+@st.composite
+def _composed_indices(draw, shape: tuple[int, ...]):
+    """Ints and slices for some leading axes, maybe an Ellipsis and more for the trailing
+    ones, maybe a None somewhere."""
+
+    def part(side):
+        return draw(st.integers(-side, side - 1) | slices(side))
+
+    lead = draw(st.integers(0, len(shape)))
+    parts = [part(side) for side in shape[:lead]]
+    if draw(st.booleans()):
+        trail = draw(st.integers(0, len(shape) - lead))
+        parts += [Ellipsis] + [part(side) for side in shape[len(shape) - trail:]]
+    if draw(st.booleans()):
+        parts.insert(draw(st.integers(0, len(parts))), None)
+    return tuple(parts)
+
+
+def indices(shape: tuple[int, ...]):
+    """Basic indices for ``shape``: hypothesis's own, and tuples built here whose slices
+    have out-of-range bounds more often."""
+    return basic_indices(shape) | _composed_indices(tuple(shape))
 
 
 @st.composite
@@ -175,3 +210,17 @@ def integer_indices(draw, side: int, min_size: int = 1, max_size: int = 6) -> np
 def masks(shape: tuple[int, ...]) -> st.SearchStrategy[np.ndarray]:
     """Boolean arrays of ``shape``."""
     return hnp.arrays(np.bool_, shape)
+
+
+@st.composite
+def classification(draw, max_rows: int = 6, max_classes: int = 5):
+    """(logits (N, C), target (N,), ignore_index or None) with at least one row kept."""
+    rows = draw(st.integers(1, max_rows))
+    classes = draw(st.integers(1, max_classes))
+    logits = draw(arrays((rows, classes), layout="contiguous"))
+    target = np.asarray(draw(st.lists(st.integers(0, classes - 1), min_size=rows,
+                                      max_size=rows)), dtype=np.int64)
+    ignore_index = draw(st.none() | st.sampled_from(sorted(set(target.tolist()))))
+    if ignore_index is not None and np.all(target == ignore_index):
+        ignore_index = None  # torch's 'mean' over zero rows is NaN; tested on its own
+    return logits, target, ignore_index
