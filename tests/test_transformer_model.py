@@ -1,0 +1,111 @@
+"""ta.models.Transformer: teacher forcing, training through ``ta.models.train``, cached greedy
+decoding equal to uncached decoding, positions, tied weights and bad input."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import tinygrad_attn as ta
+from tinygrad_attn.models.transformer import sinusoids
+
+
+def small(dtype="float32", **options):
+    ta.manual_seed(0)
+    settings = dict(d_model=16, nhead=4, num_encoder_layers=2, num_decoder_layers=2, dim_feedforward=32,
+                    dropout=0.0)
+    model = ta.models.Transformer(20, 23, **{**settings, **options})
+    for p in model.parameters():
+        p.data = p.numpy().astype(dtype)
+    return model
+
+
+def batch(seed=0):
+    rng = np.random.default_rng(seed)
+    src = rng.integers(3, 20, size=(3, 6))
+    src[0, 4:] = 0
+    tgt_in = np.concatenate([np.ones((3, 1), np.int64), rng.integers(3, 23, size=(3, 4))], axis=1)
+    return src, tgt_in
+
+
+def test_teacher_forcing_gives_logits_and_a_loss_with_gradients():
+    model = small()
+    src, tgt_in = batch()
+    logits, weights = model(src, tgt_in)
+    assert logits.shape == (3, 5, 23) and weights is None
+    loss = model.loss(src, tgt_in, tgt_in, label_smoothing=0.1)
+    loss.backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_a_later_source_token_or_padding_changes_nothing_it_should_not():
+    # Causal: logits at position t ignore target tokens after t; padding of the source is
+    # invisible (a padded row decodes as its unpadded self).
+    model = small("float64")
+    src, tgt_in = batch()
+    logits = model(src, tgt_in)[0].numpy()
+    changed = tgt_in.copy()
+    changed[:, -1] = 5
+    np.testing.assert_allclose(model(src, changed)[0].numpy()[:, :-1], logits[:, :-1], rtol=1e-12)
+    alone = model(src[:1, :4], tgt_in[:1])[0].numpy()
+    np.testing.assert_allclose(alone, logits[:1], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [("float32", 1e-6), ("float64", 1e-12)])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_cached_decoding_steps_equal_running_the_whole_prefix(dtype, tol, norm_first):
+    model = small(dtype, norm_first=norm_first)
+    src, tgt_in = batch()
+    model.eval()
+    with ta.no_grad():
+        memory = model.encode(src)
+        full = model.transformer.decoder(model._embed(model.tgt_embed, tgt_in), memory,
+                                         memory_key_mask=src != 0, causal=True).numpy()
+        caches = [{} for _ in model.transformer.decoder.layers]
+        steps = [model._cached_step(tgt_in[:, t:t + 1], t, memory, src != 0, caches).numpy()
+                 for t in range(tgt_in.shape[1])]
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=tol, atol=tol)
+    cached, _ = model.greedy(src, max_len=8)
+    uncached, _ = model.greedy(src, max_len=8, use_cache=False)
+    np.testing.assert_array_equal(cached, uncached)
+
+
+def test_it_learns_the_reverse_task():
+    task = ta.data.load("reverse")
+    ta.manual_seed(0)
+    model = ta.models.Transformer(task.src_vocab, task.tgt_vocab, d_model=32, nhead=4, num_encoder_layers=1,
+                                  num_decoder_layers=1, dim_feedforward=64, dropout=0.0)
+    history = ta.models.train(model, task, steps=200, batch_size=32, lr=3e-3)
+    assert history[-1]["loss"] < 0.2 * history[0]["loss"]
+    scores = ta.models.evaluate(model, task.train[:64], task.src_vocab, task.tgt_vocab)
+    assert scores["exact_match"] > 0.5
+
+
+def test_positions_are_the_papers_sinusoids_or_learned():
+    table = sinusoids(50, 6)
+    pos, i = 7, 2
+    assert table[pos, 2 * i] == pytest.approx(math.sin(pos / 10000 ** (2 * i / 6)))
+    assert table[pos, 2 * i + 1] == pytest.approx(math.cos(pos / 10000 ** (2 * i / 6)))
+    assert sinusoids(3, 5).shape == (3, 5)
+    learned = small(positions="learned")
+    assert learned.state_dict()["position.weight"].shape == (512, 16)
+
+
+def test_tied_embeddings_share_one_parameter():
+    model = small(tie_embeddings=True)
+    assert model.out.weight is model.tgt_embed.weight
+
+
+def test_bad_input_says_what_is_wrong():
+    with pytest.raises(ValueError, match="nhead=3 must divide d_model=16"):
+        ta.models.Transformer(20, 20, d_model=16, nhead=3)
+    with pytest.raises(ValueError, match="positions must be one of"):
+        ta.models.Transformer(20, 20, d_model=16, nhead=4, positions="rotary")
+    model = small(max_len=4)
+    src, tgt_in = batch()
+    with pytest.raises(ta.ShapeError, match=r"longer than the position table \(max_len=4\)"):
+        model(src, tgt_in)
+    with pytest.raises(ta.ShapeError, match="differ in batch size"):
+        small()(src, tgt_in[:2])
