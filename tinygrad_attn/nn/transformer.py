@@ -41,7 +41,27 @@ def _check(name: str, d_model: int, nhead: int, activation: str, batch_first: bo
 
 
 class _Layer(Module):
-    """What both layers share: the feed-forward block and the residual wiring."""
+    """What both layers share: their parameters (in torch's order), the feed-forward block
+    and the residual wiring."""
+
+    def __init__(self, name: str, cross_attention: bool, d_model: int, nhead: int, dim_feedforward: int,
+                 dropout: float, activation: str, layer_norm_eps: float, batch_first: bool, norm_first: bool,
+                 bias: bool):
+        super().__init__()
+        _check(name, d_model, nhead, activation, batch_first)
+        self.config = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
+                           activation=activation, layer_norm_eps=layer_norm_eps, norm_first=norm_first,
+                           bias=bias)
+        self.d_model, self.activation, self.norm_first = d_model, activation, norm_first
+        self.self_attn = MultiHeadAttention(d_model, nhead, dropout=dropout, bias=bias)
+        if cross_attention:
+            self.multihead_attn = MultiHeadAttention(d_model, nhead, dropout=dropout, bias=bias)
+        self.linear1 = Linear(d_model, dim_feedforward, bias=bias)
+        self.linear2 = Linear(dim_feedforward, d_model, bias=bias)
+        self.dropout = Dropout(dropout)
+        for i in range(1, 4 if cross_attention else 3):
+            setattr(self, f"norm{i}", LayerNorm(d_model, eps=layer_norm_eps, bias=bias))
+            setattr(self, f"dropout{i}", Dropout(dropout))
 
     def _feed_forward(self, x: Tensor) -> Tensor:
         with scope(scopes.FEED_FORWARD):
@@ -70,18 +90,8 @@ class TransformerEncoderLayer(_Layer):
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
                  activation: str = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = True,
                  norm_first: bool = False, bias: bool = True):
-        super().__init__()
-        _check("TransformerEncoderLayer", d_model, nhead, activation, batch_first)
-        self.config = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
-                           activation=activation, layer_norm_eps=layer_norm_eps, norm_first=norm_first,
-                           bias=bias)
-        self.d_model, self.activation, self.norm_first = d_model, activation, norm_first
-        self.self_attn = MultiHeadAttention(d_model, nhead, dropout=dropout, bias=bias)
-        self.linear1 = Linear(d_model, dim_feedforward, bias=bias)
-        self.linear2 = Linear(dim_feedforward, d_model, bias=bias)
-        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-        self.dropout, self.dropout1, self.dropout2 = Dropout(dropout), Dropout(dropout), Dropout(dropout)
+        super().__init__("TransformerEncoderLayer", False, d_model, nhead, dim_feedforward, dropout,
+                         activation, layer_norm_eps, batch_first, norm_first, bias)
 
     def forward(self, x: Tensor, key_mask=None, mask=None, causal: bool = False) -> Tensor:
         """x (B, S, d_model) -> (B, S, d_model).  key_mask (B, S): True at real tokens;
@@ -110,21 +120,8 @@ class TransformerDecoderLayer(_Layer):
     def __init__(self, d_model: int, nhead: int, dim_feedforward: int = 2048, dropout: float = 0.1,
                  activation: str = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = True,
                  norm_first: bool = False, bias: bool = True):
-        super().__init__()
-        _check("TransformerDecoderLayer", d_model, nhead, activation, batch_first)
-        self.config = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
-                           activation=activation, layer_norm_eps=layer_norm_eps, norm_first=norm_first,
-                           bias=bias)
-        self.d_model, self.activation, self.norm_first = d_model, activation, norm_first
-        self.self_attn = MultiHeadAttention(d_model, nhead, dropout=dropout, bias=bias)
-        self.multihead_attn = MultiHeadAttention(d_model, nhead, dropout=dropout, bias=bias)
-        self.linear1 = Linear(d_model, dim_feedforward, bias=bias)
-        self.linear2 = Linear(dim_feedforward, d_model, bias=bias)
-        self.norm1 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-        self.norm2 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-        self.norm3 = LayerNorm(d_model, eps=layer_norm_eps, bias=bias)
-        self.dropout = Dropout(dropout)
-        self.dropout1, self.dropout2, self.dropout3 = Dropout(dropout), Dropout(dropout), Dropout(dropout)
+        super().__init__("TransformerDecoderLayer", True, d_model, nhead, dim_feedforward, dropout,
+                         activation, layer_norm_eps, batch_first, norm_first, bias)
 
     def forward(self, x: Tensor, memory: Tensor, key_mask=None, memory_key_mask=None,
                 causal: bool = True) -> Tensor:
