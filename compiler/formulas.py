@@ -253,8 +253,9 @@ def _denominator_symbols(sp, expr) -> set:
     return sp.fraction(sp.together(expr))[1].free_symbols
 
 
-# What sympy's solve raises for an equation it has no method for.
-_UNSOLVED = (NotImplementedError, ValueError)
+# What sympy's solve raises for an equation it has no method for: a RuntimeError (its
+# "not implemented" error is one) or a ValueError.
+_UNSOLVED = (RuntimeError, ValueError)
 
 
 def _through_output(sp, f, d, xs, out):

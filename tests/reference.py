@@ -27,6 +27,7 @@ import tinygrad_attn as ta
 from tests import optional
 
 torch = optional.torch                 # None without PyTorch: only the torch oracle needs it
+TF = torch.nn.functional if torch is not None else None
 
 ORACLES = ("numpy", "torch")
 TOLERANCE = {

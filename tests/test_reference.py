@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 import tinygrad_attn as ta
 from tests import optional
-from tests.reference import Case, Example, check_op, unbroadcast
+from tests.reference import TF, Case, Example, check_op, torch, unbroadcast
 from tests.strategies import (
     arrays,
     broadcastable_shapes,
@@ -39,9 +39,6 @@ from tests.strategies import (
     shaped_arrays,
     shapes,
 )
-
-torch = optional.torch
-TF = torch.nn.functional if torch is not None else None
 
 EXAMPLES = 25
 BOTH = ("float64", "float32")

@@ -23,6 +23,7 @@ import tinygrad_attn as ta
 from tests import optional
 from tests.reference import (
     ORACLES,
+    TF,
     TOLERANCE,
     Case,
     assert_grads_same,
@@ -31,6 +32,7 @@ from tests.reference import (
     cotangent,
     engine_leaves,
     grads_of,
+    torch,
     torch_leaves,
 )
 from tests.strategies import (
@@ -48,8 +50,6 @@ from tests.test_reference import (
     stable_sigmoid,
 )
 
-torch = optional.torch
-TF = torch.nn.functional if torch is not None else None
 NUMPY = TOLERANCE["numpy", "float64"]
 
 

@@ -1,6 +1,8 @@
-"""Layer normalisation fused into one pass per row (numpy makes six, each with a temporary):
-the forward's mean and variance in float64, the backward's two row sums, rows in parallel;
-the weight's and bias's gradients are column sums, one more pass."""
+"""Layer normalisation as one kernel over rows instead of six array-wide numpy passes with a
+temporary each: per row, the forward's mean and variance (float64 sums) and the output, the
+backward's two row sums and dx, rows in parallel; the weight's and bias's gradients are
+column sums, one more serial sweep.  bench/layer_norm.py: 1.7-1.9x the six composed nodes,
+2-3.8x slower than torch's kernel (bench/RESULTS.md)."""
 
 from __future__ import annotations
 

@@ -80,7 +80,7 @@ class Transformer(nn.Module):
         if positions == "learned":
             self.position = nn.Embedding(max_len, d_model)
         else:
-            object.__setattr__(self, "_sinusoids", sinusoids(max_len, d_model))
+            self._sinusoids = sinusoids(max_len, d_model)         # fixed: not a parameter
         self.drop = nn.Dropout(dropout)
         self.out = nn.Linear(d_model, tgt_size)
         if tie_embeddings:

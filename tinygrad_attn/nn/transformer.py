@@ -152,19 +152,20 @@ def _clones(layer: Module, num_layers: int) -> ModuleList:
     return copies
 
 
-class TransformerEncoder(Module):
-    """``num_layers`` copies of ``encoder_layer`` in sequence, then ``norm`` if given, as
-    ``torch.nn.TransformerEncoder`` (parameters ``layers.0.self_attn...``, ``norm.weight``)."""
+class _Stack(Module):
+    """``num_layers`` copies of a layer, then ``norm`` if given (parameters
+    ``layers.0.self_attn...``, ``norm.weight``)."""
 
-    def __init__(self, encoder_layer: TransformerEncoderLayer, num_layers: int,
-                 norm: LayerNorm | None = None):
+    def __init__(self, layer: _Layer, num_layers: int, norm: LayerNorm | None = None):
         super().__init__()
-        self.layers = _clones(encoder_layer, num_layers)
+        self.layers = _clones(layer, num_layers)
         self.num_layers = num_layers
-        if norm is not None:
-            self.norm = norm
-        else:
-            object.__setattr__(self, "norm", None)
+        self.norm = norm
+
+
+class TransformerEncoder(_Stack):
+    """``num_layers`` copies of ``encoder_layer`` in sequence, then ``norm`` if given, as
+    ``torch.nn.TransformerEncoder``."""
 
     def forward(self, x: Tensor, key_mask=None, mask=None, causal: bool = False) -> Tensor:
         for i, layer in enumerate(self.layers):
@@ -173,19 +174,9 @@ class TransformerEncoder(Module):
         return x if self.norm is None else self.norm(x)
 
 
-class TransformerDecoder(Module):
+class TransformerDecoder(_Stack):
     """``num_layers`` copies of ``decoder_layer``, then ``norm`` if given, as
     ``torch.nn.TransformerDecoder``."""
-
-    def __init__(self, decoder_layer: TransformerDecoderLayer, num_layers: int,
-                 norm: LayerNorm | None = None):
-        super().__init__()
-        self.layers = _clones(decoder_layer, num_layers)
-        self.num_layers = num_layers
-        if norm is not None:
-            self.norm = norm
-        else:
-            object.__setattr__(self, "norm", None)
 
     def forward(self, x: Tensor, memory: Tensor, key_mask=None, memory_key_mask=None,
                 causal: bool = True) -> Tensor:
