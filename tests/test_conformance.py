@@ -165,7 +165,8 @@ def attention(rng, dtype, shape):
     causal = bool(rng.random() < 0.4)
     o, lse = REFERENCE.sdpa(q, k, v, mask, 0.6, causal)
     do = rng.normal(size=o.shape).astype(dtype)
-    return [("sdpa", (q, k, v, mask, 0.6, causal)), ("sdpa_back", (q, k, v, o, lse, do, mask, 0.6, causal))]
+    return [("sdpa", (q, k, v, mask, 0.6, causal)), ("sdpa_back", (q, k, v, o, lse, do, mask, 0.6, causal)),
+            ("sdpa_weights", (q, k, lse, mask, 0.6, causal))]
 
 
 def additive(rng, dtype, shape):

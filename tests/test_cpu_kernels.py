@@ -122,6 +122,29 @@ def test_row_kernels_serial_and_parallel_loops(loop, rows, dtype):
             np.testing.assert_allclose(g, w, **TOL[dtype], err_msg=name)
 
 
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(t_q=st.integers(1, 9), t_k=st.integers(1, 9), masked=st.sampled_from([None, "shared", "per_entry"]),
+       causal=st.booleans(), dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**32 - 1))
+def test_sdpa_weights_rebuilt_from_lse_are_the_softmax(kernels_at_any_size, t_q, t_k, masked, causal, dtype,
+                                                        seed):
+    """The kernel's weights equal the reference's and the textbook masked softmax; a row with
+    nothing to attend to is all zeros."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.normal(size=(3, t, 4)).astype(dtype) for t in (t_q, t_k, t_k))
+    mask = None if masked is None else rng.random((1 if masked == "shared" else 3, t_q, t_k)) < 0.6
+    _, lse = reference.sdpa(q, k, v, mask, 0.7, causal)
+    got = attention.sdpa_weights(q, k, lse, mask, 0.7, causal)
+    np.testing.assert_allclose(got, reference.sdpa_weights(q, k, lse, mask, 0.7, causal), **TOL[dtype])
+    allowed = np.ones((3, t_q, t_k), dtype=bool) if mask is None else np.broadcast_to(mask, (3, t_q, t_k))
+    if causal:
+        allowed = allowed & np.tril(np.ones((t_q, t_k), dtype=bool))
+    s = np.where(allowed, (q.astype(np.float64) * 0.7) @ k.astype(np.float64).transpose(0, 2, 1), -np.inf)
+    with np.errstate(invalid="ignore"):
+        want = np.exp(s - s.max(axis=-1, keepdims=True))
+        want = np.nan_to_num(want / want.sum(axis=-1, keepdims=True))
+    np.testing.assert_allclose(got, want, **TOL[dtype])
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_sdpa_kernels_at_their_own_block_sizes(causal, dtype):

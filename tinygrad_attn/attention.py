@@ -32,11 +32,12 @@ never NaN, and passes no gradient.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
 from . import functional
-from .autograd import DTypeError, ShapeError, scope
+from .autograd import DTypeError, ShapeError, current_scope, scope
 from .ops import AdditiveScores, MaskedSoftmax, ScaledDotProduct
 from .shapes import batch_shape, broadcasts_to
 from .tensor import Tensor
@@ -51,6 +52,8 @@ __all__ = [
     "multi_head",
     "graph",
     "masked_softmax",
+    "record",
+    "Record",
     "SCOPES",
 ]
 
@@ -64,6 +67,100 @@ SCOPES = {
     "multi_head": "multi_head_attention",
     "graph": "graph_attention",
 }
+_MECHANISM_SCOPES = frozenset(SCOPES.values())
+
+
+class Record(Mapping):
+    """The attention weights of every call made inside a ``record()`` block, as numpy arrays
+    keyed by the scope of the call (the mechanism's own scopes left off), in call order:
+
+        "decoder/t2/attention"                (B, S)        a Seq2Seq decoder step
+        "encoder/layer0/self_attention"       (B, H, S, S)  a Transformer sublayer, per head
+        "decoder/layer1/cross_attention"      (B, H, T, S)
+
+    A second call in the same scope is keyed ``"<scope>#2"``, a third ``"#3"``, ...
+    The arrays are copies, with no graph: recording never changes what a model computes.
+    """
+
+    def __init__(self):
+        self._weights: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        try:
+            return self._weights[key]
+        except KeyError:
+            raise KeyError(f"no attention was recorded in scope {key!r}; recorded: "
+                           f"{', '.join(self._weights) or 'nothing'}") from None
+
+    def __iter__(self):
+        return iter(self._weights)
+
+    def __len__(self) -> int:
+        return len(self._weights)
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{key!r}: {value.shape}" for key, value in self._weights.items())
+        return f"Record({{{shown}}})"
+
+    def _add(self, weights, fresh: bool = False) -> None:
+        key = "/".join(part for part in current_scope().split("/") if part not in _MECHANISM_SCOPES)
+        if key in self._weights:
+            count = 2
+            while f"{key}#{count}" in self._weights:
+                count += 1
+            key = f"{key}#{count}"
+        array = weights.numpy() if isinstance(weights, Tensor) else np.asarray(weights)
+        # A copy, unless the array is the record's own: a graph's buffers may change later.
+        self._weights[key] = array if fresh else np.array(array)
+
+
+_records: list[Record] = []          # the open record() blocks, innermost last
+
+
+class record:
+    """Keep the attention weights of every call made in the block, for inspection:
+
+        >>> with ta.attention.record() as weights:
+        ...     logits, _ = model(src, tgt_in)
+        >>> weights["decoder/layer1/cross_attention"].shape        # (B, H, T, S)
+
+    Calls that build the weights anyway (``need_weights=True``) hand them over.  Calls on
+    the fused path (``scaled_dot_product(..., need_weights=False)``, which ``multi_head`` and
+    the Transformer layers take) still never build them in the graph: the fused node keeps
+    each row's log-sum-exp for backward, and the record rebuilds the weights from it with one
+    product and one exp, exp(q k^T * scale - lse), after the node's forward.  Gradients and
+    outputs are those of the unrecorded call.  See ``Record`` for the keys.
+    """
+
+    def __enter__(self) -> Record:
+        self._record = Record()
+        _records.append(self._record)
+        return self._record
+
+    def __exit__(self, *exc) -> None:
+        _records.remove(self._record)
+
+
+def _recorded(weights, fresh: bool = False) -> None:
+    """Hand a call's weights to the innermost open record, if any."""
+    if _records:
+        _records[-1]._add(weights, fresh)
+
+
+def _fused_sdpa(inputs, scale: float, causal: bool, single: bool) -> Tensor:
+    """The fused node; inside a record() block, its weights are rebuilt and recorded (without
+    the T_q axis for ``single`` query rows, as the unfused call returns them)."""
+    if not _records:
+        return ScaledDotProduct.apply(*inputs, scale=scale, causal=causal)
+    outer, ScaledDotProduct.kept = ScaledDotProduct.kept, []
+    try:
+        context = ScaledDotProduct.apply(*inputs, scale=scale, causal=causal)
+        [op] = ScaledDotProduct.kept
+    finally:
+        ScaledDotProduct.kept = outer
+    weights = context.backend.to_numpy(op.weights())          # a new array, on the host
+    _recorded(weights[..., 0, :] if single else weights, fresh=True)
+    return context
 
 
 def masked_softmax(scores: Tensor, mask=None) -> Tensor:
@@ -176,6 +273,7 @@ class _Layout:
         if self.single:
             context = context.squeeze(-2)                                    # (..., d_v)
             weights = weights.squeeze(-2)                                    # (..., T_k)
+        _recorded(weights)
         return context, (weights if need_weights else None)
 
 
@@ -362,7 +460,7 @@ def scaled_dot_product(q: Tensor, k: Tensor, v: Tensor, mask=None, causal: bool 
         scale = 1.0 / math.sqrt(k.shape[-1]) if scale is None else float(scale)
         if not need_weights and dropout == 0.0:
             inputs = (call.query, k, v) if call.mask is None else (call.query, k, v, call.mask)
-            context = ScaledDotProduct.apply(*inputs, scale=scale, causal=bool(causal))  # (..., T_q, d_v)
+            context = _fused_sdpa(inputs, scale, bool(causal), call.single)      # (..., T_q, d_v)
             return (context.squeeze(-2) if call.single else context), None
         if causal:
             call.add_mask(np.tril(np.ones(call.weights_shape[-2:], dtype=bool)))
@@ -522,6 +620,7 @@ def graph(x: Tensor, adjacency, W: Tensor, a_src: Tensor, a_dst: Tensor, heads: 
         scores = (s_dst + s_src).leaky_relu(negative_slope)                  # (..., H, N, N)
         edges = Tensor(adj[..., None, :, :], device=x.device)                # (..., 1, N, N)
         weights = MaskedSoftmax.apply(scores, edges)                         # (..., H, N, N)
+        _recorded(weights)
         attended = functional.dropout(weights, dropout) if dropout > 0.0 else weights
         out = attended @ Wh                                                  # (..., H, N, F)
         if concat:

@@ -368,5 +368,26 @@ def sdpa_back(q, k, v, o, lse, do, mask, scale, causal):
     return dq, dk, dv
 
 
+@njit(cache=True, fastmath=FAST, nogil=True)
+def _sdpa_weights_rows(s, mask, has_mask, causal, lse):
+    last = mask.shape[0] - 1                  # one mask for every entry, or one each
+    for n in range(s.shape[0]):
+        _sdpa_weights_from_lse(s[n], mask[min(n, last)], has_mask, causal, 0, 0, lse[n])
+
+
+def sdpa_weights(q, k, lse, mask, scale, causal):
+    """The weights sdpa did not keep, from its lse: BLAS for the scores, then one Numba pass
+    for exp(s - lse) and the mask, in place."""
+    n, t_q, _ = q.shape
+    if n * t_q * k.shape[1] < SDPA_KERNEL_MIN:
+        return reference.sdpa_weights(q, k, lse, mask, scale, causal)
+    q, k, lse = _contiguous(q, k, lse)
+    s = np.matmul(q * q.dtype.type(scale), k.transpose(0, 2, 1))                 # (N, T_q, T_k)
+    has_mask = mask is not None
+    mask = np.ascontiguousarray(mask) if has_mask else _NO_MASK[None]
+    _sdpa_weights_rows(s, mask, has_mask, causal, lse)
+    return s
+
+
 KERNELS = {"additive_scores": additive_scores, "additive_scores_back": additive_scores_back,
-           "sdpa": sdpa, "sdpa_back": sdpa_back}
+           "sdpa": sdpa, "sdpa_back": sdpa_back, "sdpa_weights": sdpa_weights}

@@ -405,7 +405,45 @@ def sdpa_back(q, k, v, o, lse, do, mask, scale, causal):
     return dq, dk, dv
 
 
+@_per_dtype
+def _sdpa_weights_kernel(nb_type, dtype):
+    zero = dtype.type(0)
+
+    @cuda.jit
+    def sdpa_weights_run(p, q, k, lse, mask, has_mask, scale, causal):
+        """p[n, i, j] = exp(scale q[n, i] . k[n, j] - lse[n, i]), a thread per entry."""
+        t_q, t_k, d = q.shape[1], k.shape[1], q.shape[2]
+        for flat in range(cuda.grid(1), p.shape[0] * t_q * t_k, cuda.gridsize(1)):
+            n = flat // (t_q * t_k)
+            i = (flat // t_k) % t_q
+            j = flat % t_k
+            hidden = (causal and j > i) or not math.isfinite(lse[n, i])
+            if has_mask:
+                hidden = hidden or not mask[n if mask.shape[0] > 1 else 0, i, j]
+            if hidden:
+                p[n, i, j] = zero
+                continue
+            acc = zero
+            for dd in range(d):
+                acc += q[n, i, dd] * k[n, j, dd]
+            p[n, i, j] = math.exp(acc * scale - lse[n, i])
+
+    return sdpa_weights_run
+
+
+def sdpa_weights(q, k, lse, mask, scale, causal):
+    """The weights sdpa did not keep, rebuilt from its lse (see reference.sdpa_weights)."""
+    n, t_q, _ = q.shape
+    t_k = k.shape[1]
+    p = _empty((n, t_q, t_k), q.dtype)
+    if p.size:
+        mask_arg, has_mask = _sdpa_mask(mask)
+        _launch(_sdpa_weights_kernel(q.dtype), _blocks(p.size), THREADS, p, q, k, lse, mask_arg, has_mask,
+                q.dtype.type(scale), bool(causal))
+    return p
+
+
 # ---------------------------------------------------------------- the table
 
 KERNELS = {"additive_scores": additive_scores, "additive_scores_back": additive_scores_back,
-           "sdpa": sdpa, "sdpa_back": sdpa_back}
+           "sdpa": sdpa, "sdpa_back": sdpa_back, "sdpa_weights": sdpa_weights}

@@ -108,7 +108,20 @@ def sdpa_back(q, k, v, o, lse, do, mask, scale, causal):
     return dq, dk, dv
 
 
+def sdpa_weights(q, k, lse, mask, scale, causal):
+    """The weights sdpa never kept, rebuilt from its lse: p = exp(q k^T scale - lse), 0 where
+    masked (or causally hidden) and on rows with nothing to attend to; (N, T_q, T_k).  One
+    product and one exp: no max or sum over the row, which sdpa already took."""
+    s = matmul_nt(q * q.dtype.type(scale), k)                                     # (N, T_q, T_k)
+    allowed = _sdpa_allowed(mask, causal, 0, q.shape[1], k.shape[1])
+    lse = lse[..., None]
+    with np.errstate(invalid="ignore", over="ignore"):
+        p = np.exp(s - lse)
+    keep = np.isfinite(lse) if allowed is None else allowed & np.isfinite(lse)
+    return np.where(keep, p, 0).astype(q.dtype, copy=False)
+
+
 KERNELS = {
     "additive_scores": additive_scores, "additive_scores_back": additive_scores_back, "sdpa": sdpa,
-    "sdpa_back": sdpa_back,
+    "sdpa_back": sdpa_back, "sdpa_weights": sdpa_weights,
 }

@@ -10,6 +10,7 @@ keys' projection is made once per sentence, outside).
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import numpy as np
 
@@ -152,7 +153,10 @@ class ScaledDotProduct(Op):
     forbids key j > query i.  A row with nothing to attend to gives o = 0 and no gradient.
     """
 
-    kernels = ("broadcast_to", "reshape", "sdpa", "sdpa_back", "sum_to", "zeros")
+    kernels = ("broadcast_to", "reshape", "sdpa", "sdpa_back", "sdpa_weights", "sum_to", "zeros")
+    # While ``ta.attention.record()`` is open, each forward appends its op here, so the
+    # record can ask it for ``weights()`` (an op run without a graph is reachable no other way).
+    kept: ClassVar[list | None] = None
 
     @staticmethod
     def symbolic(sp, q, k, v, mask=None, scale=1.0, causal=False):
@@ -190,20 +194,35 @@ class ScaledDotProduct(Op):
                 mask = kb.reshape(mask, mask.shape[-2:])
                 mask3 = kb.reshape(kb.broadcast_to(mask, (t_q, t_k)), (1, t_q, t_k))
             else:
-                mask3 = kb.reshape(kb.broadcast_to(mask, full), (-1, t_q, t_k))
+                mask3 = kb.reshape(kb.broadcast_to(mask, full), (math.prod(batch), t_q, t_k))
         if t_k == 0 or 0 in batch or t_q == 0:
             # Nothing to attend to (or no one asking): a zero context, as a fully masked row gets.
-            self.saved = None, (q.shape, k.shape, v.shape), mask is not None
+            self.saved = None, (q.shape, k.shape, v.shape), mask is not None, q.dtype
+            if ScaledDotProduct.kept is not None:
+                ScaledDotProduct.kept.append(self)
             return kb.zeros(batch + (t_q, dim(v, -1)), q.dtype)
         q3, k3, v3 = (kb.reshape(kb.broadcast_to(x, batch + x.shape[-2:]), (-1,) + x.shape[-2:])
                       for x in (q, k, v))                                    # (N, T, D)
         o3, lse = kb.sdpa(q3, k3, v3, mask3, float(self.scale), bool(self.causal))
         self.saved = (q3, k3, v3, o3, lse, mask3, (q.shape, k.shape, v.shape), batch)
+        if ScaledDotProduct.kept is not None:
+            ScaledDotProduct.kept.append(self)
         return kb.reshape(o3, batch + (t_q, dim(v, -1)))
+
+    def weights(self):
+        """The attention weights of the last forward, (..., T_q, T_k) on its device, rebuilt
+        from the saved log-sum-exp (one product and one exp; no second softmax)."""
+        if self.saved[0] is None:
+            _, (q_shape, k_shape, v_shape), _, dtype = self.saved
+            batch = batch_shape(q_shape[:-2], k_shape[:-2], v_shape[:-2])
+            return self.backend.zeros(batch + (q_shape[-2], k_shape[-2]), dtype)
+        q3, k3, _, _, lse, mask3, _, batch = self.saved
+        p = self.backend.sdpa_weights(q3, k3, lse, mask3, float(self.scale), bool(self.causal))
+        return self.backend.reshape(p, batch + (dim(q3, -2), dim(k3, -2)))
 
     def backward(self, do):
         if self.saved[0] is None:                 # no keys (or no queries): no gradient flows
-            _, shapes, masked = self.saved
+            _, shapes, masked, _ = self.saved
             grads = tuple(self.backend.zeros(shape, do.dtype) for shape in shapes)
             return grads + ((None,) if masked else ())
         q3, k3, v3, o3, lse, mask3, shapes, batch = self.saved
