@@ -127,7 +127,7 @@ def test_beam_of_one_without_penalties_is_greedy(seed, cell, attention, end_bias
 
 
 def test_wu_et_al_scores_by_hand():
-    from tinygrad_attn.models.seq2seq import _ranked
+    from tinygrad_attn.models.decoding import _ranked
 
     attention = np.array([[0.5, 0.5, 0.0], [0.7, 0.1, 0.2]])                 # 2 outputs, 3 sources
     real = np.array([True, True, False])

@@ -109,3 +109,68 @@ def test_bad_input_says_what_is_wrong():
         model(src, tgt_in)
     with pytest.raises(ta.ShapeError, match="differ in batch size"):
         small()(src, tgt_in[:2])
+
+
+def test_every_layer_and_head_weights_from_the_fast_path():
+    """need_weights=True leaves the logits as they are and gives each sublayer's per-head
+    weights: rows that sum to one over what they may see, zero on padding and the future."""
+    model = small("float64")
+    src, tgt_in = batch()
+    tgt_in[2, 3:] = 0                                     # a padded target row
+    model.eval()
+    plain, none = model(src, tgt_in)
+    logits, weights = model(src, tgt_in, need_weights=True)
+    assert none is None
+    np.testing.assert_array_equal(logits.numpy(), plain.numpy())
+    assert list(weights) == ["encoder/layer0/self_attention", "encoder/layer1/self_attention",
+                             "decoder/layer0/self_attention", "decoder/layer0/cross_attention",
+                             "decoder/layer1/self_attention", "decoder/layer1/cross_attention"]
+    (B, S), T = src.shape, tgt_in.shape[1]
+    for name, w in weights.items():
+        keys = S if name.startswith("encoder") or name.endswith("cross_attention") else T
+        assert w.shape == (B, 4, S if name.startswith("encoder") else T, keys)
+        np.testing.assert_allclose(w.sum(axis=-1), 1.0, rtol=1e-12)
+        real = (src if keys == S else tgt_in) != 0
+        assert np.all(w[~np.broadcast_to(real[:, None, None, :], w.shape)] == 0)
+    assert np.all(np.triu(weights["decoder/layer1/self_attention"], k=1) == 0)
+
+
+def test_the_weights_are_what_the_slow_path_computes():
+    """The encoder's first layer by hand: its multi-head attention with need_weights=True
+    (softmax in the graph) gives the weights the fused path's record rebuilt."""
+    model = small("float64")
+    src, tgt_in = batch()
+    model.eval()
+    _, weights = model(src, tgt_in, need_weights=True)
+    with ta.no_grad():
+        x = model._embed(model.src_embed, src)
+        attention = model.transformer.encoder.layers[0].self_attn
+        _, slow = attention(x, x, x, key_mask=src != 0, average_weights=False)
+    np.testing.assert_allclose(weights["encoder/layer0/self_attention"], slow.numpy(), rtol=1e-10, atol=1e-14)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_decoding_attention_is_the_teacher_forced_cross_attention(use_cache):
+    """The attention greedy returns is the last layer's cross-attention averaged over heads,
+    as teacher forcing the decoded tokens gives it."""
+    model = small("float64")
+    src, _ = batch()
+    ids, attention = model.greedy(src[:1], max_len=6, use_cache=use_cache)
+    tgt_in = np.concatenate([[[1]], ids[:, :-1]], axis=1)
+    _, weights = model(src[:1], tgt_in, need_weights=True)
+    want = weights["decoder/layer1/cross_attention"].mean(axis=1)
+    np.testing.assert_allclose(attention, want, rtol=1e-10, atol=1e-14)
+
+
+def test_beam_search_of_one_is_greedy_and_the_cache_changes_nothing():
+    model = small("float64")
+    src, _ = batch()
+    greedy_ids, greedy_attention = model.greedy(src, max_len=7)
+    beam_ids, beam_attention = model.beam_search(src, beam=1, max_len=7, length_penalty=0.0)
+    width = beam_ids.shape[1]
+    np.testing.assert_array_equal(beam_ids, greedy_ids[:, :width])
+    np.testing.assert_allclose(beam_attention, greedy_attention[:, :width], rtol=1e-12)
+    cached = model.beam_search(src, beam=3, max_len=7, coverage_penalty=0.2)
+    uncached = model.beam_search(src, beam=3, max_len=7, coverage_penalty=0.2, use_cache=False)
+    np.testing.assert_array_equal(cached[0], uncached[0])
+    np.testing.assert_allclose(cached[1], uncached[1], rtol=1e-9, atol=1e-12)

@@ -39,6 +39,7 @@ from .. import nn, scopes
 from ..autograd import ShapeError, no_grad, scope
 from ..functional import cross_entropy
 from ..tensor import Tensor, cat
+from . import decoding
 
 __all__ = ["Seq2Seq", "Memory", "ATTENTIONS", "CELLS", "STYLES"]
 
@@ -282,6 +283,25 @@ class Seq2Seq(nn.Module):
 
     # ------------------------------------------------------------ decoding
 
+    def decode_start(self, src: np.ndarray):
+        """The decoding state of ``src`` (B, S): the memory and the decoder's states
+        (``ta.models.decoding``'s protocol)."""
+        memory = self.encode(src)
+        return memory, memory.states
+
+    def decode_step(self, state, tokens: np.ndarray, t: int):
+        """One decoder step from the previous ids (N,): (log-probabilities (N, V), attention
+        (N, S) or None, the next state)."""
+        memory, states = state
+        with scope(scopes.DECODER), scope(scopes.step(t)):
+            top, context, weight, states = self._step(tokens[:, None], states, memory)
+            log_probs = self._log_probs(top, context)                                # (N, V)
+        return log_probs, (None if weight is None else weight.numpy()[:, 0]), (memory, states)
+
+    def decode_select(self, state, rows: np.ndarray):
+        memory, states = state
+        return _memory_rows(memory, rows), [_select(s, rows) for s in states]
+
     def greedy(self, src, max_len: int = 50):
         """Decode by taking the most likely token at every step.
 
@@ -302,40 +322,13 @@ class Seq2Seq(nn.Module):
         src = _ids(src, "src")
         _check_positive(max_len, "max_len", "greedy")
         with _inference(self):
-            memory = self.encode(src)
-            batch = src.shape[0]
-            y = np.full(batch, START, dtype=np.int64)
-            done = np.zeros(batch, dtype=bool)
-            states, ids, weights = memory.states, [], []
-            for t in range(max_len):
-                with scope(scopes.DECODER), scope(scopes.step(t)):
-                    top, context, weight, states = self._step(y[:, None], states, memory)
-                    log_probs = self._log_probs(top, context)                    # (B, V)
-                y = np.where(done, PAD, log_probs.argmax(axis=-1)).astype(np.int64)
-                ids.append(y)
-                if weight is not None:
-                    weights.append(np.where(done[:, None], 0.0, weight.numpy()[:, 0]))
-                done |= y == END
-                if done.all():
-                    break
-        ids = np.stack(ids, axis=1)
-        return ids, (np.stack(weights, axis=1) if weights else None)
+            return decoding.greedy(self, src, max_len)
 
     def beam_search(self, src, beam: int = 5, max_len: int = 50, length_penalty: float = 1.0,
                     coverage_penalty: float = 0.0):
-        """Decode each source with a beam of ``beam`` hypotheses; keep the best finished one.
-
-        A hypothesis Y of source X is ranked, once it ends, by Wu et al. (2016)'s
-        ``log P(Y|X) / lp(Y) + cp(X; Y)`` with ``lp(Y) = ((5 + |Y|) / 6) ** length_penalty``
-        and ``cp = coverage_penalty * sum_j log(min(sum_i a_ij, 1))`` over the real source
-        tokens j (a_ij the attention of output i on source j).  ``length_penalty=0`` ranks by
-        plain log-probability, which favours short outputs; ``coverage_penalty`` needs
-        attention.
-
-        Each step extends every live hypothesis by every token and keeps the ``beam`` best
-        of them; a candidate that ends (``<end>``, or any token at ``max_len``) is set aside
-        as finished only if it ranks among those ``beam`` best (as fairseq does), so a beam of
-        one is greedy decoding.  The search stops once ``beam`` hypotheses have finished.
+        """Decode each source with a beam of ``beam`` hypotheses; keep the best finished one
+        (``ta.models.decoding.beam_search``: Wu et al. 2016's length and coverage penalties;
+        a beam of one is greedy decoding).  ``coverage_penalty`` needs attention.
 
         Returns:
             (ids (B, L) int64, weights (B, L, S) or None), laid out as ``greedy``'s.
@@ -345,69 +338,8 @@ class Seq2Seq(nn.Module):
         _check_positive(max_len, "max_len", "beam_search")
         if coverage_penalty and self.attention_kind is None:
             raise ValueError("beam_search: coverage_penalty needs a model with attention")
-        if src.shape[0] == 0:             # no sources: the empty result greedy gives
-            return self.greedy(src, max_len=1)
         with _inference(self):
-            found = [self._beam_one(src[b : b + 1], beam, max_len, length_penalty, coverage_penalty)
-                     for b in range(src.shape[0])]
-        length = max(len(tokens) for tokens, _ in found)
-        ids = np.zeros((src.shape[0], length), dtype=np.int64)
-        weights = None
-        if self.attention_kind is not None:
-            weights = np.zeros((src.shape[0], length, src.shape[1]))
-        for b, (tokens, attention) in enumerate(found):
-            ids[b, : len(tokens)] = tokens
-            if weights is not None:
-                weights[b, : len(tokens)] = attention
-        return ids, weights
-
-    def _beam_one(self, src: np.ndarray, beam: int, max_len: int, alpha: float, beta: float):
-        """Beam search for one source (1, S): returns (tokens, attention rows)."""
-        memory = self.encode(src)
-        real = memory.mask[0]
-        source_len = src.shape[1]
-        # Live hypotheses: token lists, summed log-probabilities, attention rows (i, S).
-        tokens = [[]]
-        logp = np.zeros(1)
-        attention = [np.zeros((0, source_len))]
-        states = memory.states
-        finished = []                                     # (score, tokens, attention)
-        for t in range(max_len):
-            live = len(tokens)
-            y = np.array([hyp[-1] if hyp else START for hyp in tokens], dtype=np.int64)
-            step_memory = _repeat(memory, live)
-            with scope(scopes.DECODER), scope(scopes.step(t)):
-                top, context, weight, new_states = self._step(y[:, None], states, step_memory)
-                log_probs = self._log_probs(top, context)                            # (live, V)
-            weight = np.zeros((live, source_len)) if weight is None else weight.numpy()[:, 0]
-            total = logp[:, None] + log_probs                                        # (live, V)
-            # 2 * beam candidates: enough to refill the beam even if half of them end here.
-            order = np.argsort(-total, axis=None, kind="stable")[: 2 * beam]
-            rows, words = np.unravel_index(order, total.shape)
-            keep_rows, keep_words = [], []
-            for rank, (row, word) in enumerate(zip(rows, words, strict=True)):
-                if total[row, word] == -np.inf:               # <pad>, <start>: never produced
-                    break
-                if word == END or t == max_len - 1:
-                    if rank < beam:       # an ending outside the beam's best would not be kept
-                        hyp = tokens[row] + [int(word)]
-                        rows_attn = np.vstack([attention[row], weight[row]])
-                        score = _ranked(total[row, word], len(hyp), rows_attn, real, alpha, beta)
-                        finished.append((score, hyp, rows_attn))
-                elif len(keep_rows) < beam:
-                    keep_rows.append(row)
-                    keep_words.append(word)
-            if len(finished) >= beam or not keep_rows:
-                break
-            index = np.array(keep_rows)
-            tokens = [tokens[r] + [int(w)] for r, w in zip(keep_rows, keep_words, strict=True)]
-            logp = total[index, np.array(keep_words)]
-            attention = [np.vstack([attention[r], weight[r]]) for r in keep_rows]
-            states = [_select(state, index) for state in new_states]
-        if not finished:              # every candidate left was <pad> or <start>: end here
-            finished = [(0.0, tokens[0], attention[0])]
-        best = max(finished, key=lambda item: item[0])
-        return best[1], best[2]
+            return decoding.beam_search(self, src, beam, max_len, length_penalty, coverage_penalty)
 
 
 # ---------------------------------------------------------------- helpers
@@ -437,28 +369,13 @@ def _ids(x, what: str) -> np.ndarray:
     return array.astype(np.int64, copy=False)
 
 
-def _ranked(logp: float, length: int, attention: np.ndarray, real: np.ndarray, alpha: float,
-            beta: float) -> float:
-    """Wu et al. (2016): log P / lp + cp."""
-    score = logp / ((5.0 + length) / 6.0) ** alpha
-    if beta:
-        coverage = np.minimum(attention[:, real].sum(axis=0), 1.0)
-        score += beta * float(np.log(np.maximum(coverage, 1e-12)).sum())
-    return float(score)
+def _memory_rows(memory: Memory, rows: np.ndarray) -> Memory:
+    """Rows ``rows`` of a memory (no gradient: decoding)."""
+    def take(x):
+        return None if x is None else Tensor(x.numpy()[rows], dtype=x.dtype, device=x.device)
 
-
-def _repeat(memory: Memory, rows: int) -> Memory:
-    """The memory of one source, repeated for ``rows`` hypotheses (no gradient: decoding)."""
-    if rows == 1:
-        return memory
-
-    def tile(x):
-        if x is None:
-            return None
-        return Tensor(np.repeat(x.numpy(), rows, axis=0), dtype=x.dtype, device=x.device)
-
-    return Memory(tile(memory.keys), tile(memory.keys_proj), np.repeat(memory.mask, rows, axis=0),
-                   tile(memory.key_mask), memory.states)
+    return Memory(take(memory.keys), take(memory.keys_proj), memory.mask[rows], take(memory.key_mask),
+                  memory.states)
 
 
 def _select(state, index: np.ndarray):

@@ -12,15 +12,19 @@ Ids follow ``ta.data``: 0 ``<pad>``, 1 ``<start>``, 2 ``<end>``.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
+from dataclasses import dataclass
 
 import numpy as np
 
 from .. import functional as F
 from .. import nn, scopes
+from ..attention import record as attention_record
 from ..attention import scaled_dot_product
 from ..autograd import ShapeError, scope
 from ..tensor import Tensor, cat
-from .seq2seq import END, PAD, START, _check_positive, _ids, _inference, _size
+from . import decoding
+from .seq2seq import PAD, START, _check_positive, _ids, _inference, _size
 
 __all__ = ["Transformer", "sinusoids"]
 
@@ -56,6 +60,9 @@ class Transformer(nn.Module):
         >>> logits, _ = model(src, tgt_in)                 # (B, T, 40)
         >>> ids, _ = model.greedy(src, max_len=12)         # cached keys and values
     """
+
+    # What code that handles any model reads to know it has attention (Seq2Seq: its score).
+    attention_kind = "multi_head"
 
     def __init__(self, src_vocab, tgt_vocab, d_model: int = 128, nhead: int = 4, num_encoder_layers: int = 2,
                  num_decoder_layers: int = 2, dim_feedforward: int = 512, dropout: float = 0.1,
@@ -113,17 +120,30 @@ class Transformer(nn.Module):
 
     # ------------------------------------------------------------ training
 
-    def forward(self, src, tgt_in):
+    def forward(self, src, tgt_in, need_weights: bool = False):
         """Teacher forcing: ``src`` (B, S) and ``tgt_in`` (B, T) int arrays padded with 0 ->
-        (logits (B, T, V), None)."""
+        (logits (B, T, V), None), or with ``need_weights`` (logits, the attention of every
+        layer and head).
+
+        The weights come from the fast path: every sublayer still runs the fused attention
+        node, which never builds the weights in the graph; ``ta.attention.record`` rebuilds
+        them from the node's saved log-sum-exp (one product and one exp per call).  They are
+        a ``ta.attention.Record`` of numpy arrays, (B, H, T_q, T_k) per head:
+
+            weights["encoder/layer0/self_attention"]     (B, H, S, S)
+            weights["decoder/layer1/self_attention"]     (B, H, T, T)   causal
+            weights["decoder/layer1/cross_attention"]    (B, H, T, S)
+        """
         src, tgt_in = _ids(src, "src"), _ids(tgt_in, "tgt_in")
         if tgt_in.shape[0] != src.shape[0]:
             raise ShapeError(f"Transformer: src {src.shape} and tgt_in {tgt_in.shape} differ in batch size")
-        memory = self.encode(src)
-        with scope(scopes.DECODER):
-            h = self.transformer.decoder(self._embed(self.tgt_embed, tgt_in), memory,
-                                         key_mask=tgt_in != PAD, memory_key_mask=src != PAD, causal=True)
-            return self.out(h), None
+        with attention_record() if need_weights else nullcontext() as weights:
+            memory = self.encode(src)
+            with scope(scopes.DECODER):
+                h = self.transformer.decoder(self._embed(self.tgt_embed, tgt_in), memory,
+                                             key_mask=tgt_in != PAD, memory_key_mask=src != PAD, causal=True)
+                logits = self.out(h)
+        return logits, weights
 
     def loss(self, src, tgt_in, tgt_out, label_smoothing: float = 0.0) -> Tensor:
         """Mean cross-entropy of the teacher-forced logits against ``tgt_out``, padding ignored."""
@@ -141,33 +161,63 @@ class Transformer(nn.Module):
         step re-runs the decoder on the whole prefix.  The two agree to rounding.
 
         Returns:
-            (ids (B, L) int64, each row up to and including ``<end>`` then 0; None).
+            (ids (B, L) int64, each row up to and including ``<end>`` then 0; attention
+            (B, L, S): the last decoder layer's cross-attention, averaged over heads, zeros
+            after ``<end>``).  For every layer and head, run ``model(src, tgt_in,
+            need_weights=True)`` on the output.
         """
         src = _ids(src, "src")
         _check_positive(max_len, "max_len", "greedy")
         with _inference(self):
-            memory = self.encode(src)
-            batch = src.shape[0]
-            prefix = np.full((batch, 1), START, dtype=np.int64)
-            done = np.zeros(batch, dtype=bool)
-            caches = [{} for _ in self.transformer.decoder.layers]
-            ids = []
-            for t in range(max_len):
-                with scope(scopes.DECODER), scope(scopes.step(t)):
-                    if use_cache:
-                        h = self._cached_step(prefix[:, -1:], t, memory, src != PAD, caches)
-                    else:
-                        h = self.transformer.decoder(self._embed(self.tgt_embed, prefix), memory,
-                                                     memory_key_mask=src != PAD, causal=True)[:, -1:]
-                    log_probs = np.array(self.out(h).log_softmax(-1).numpy()[:, 0])   # (B, V)
-                log_probs[:, [PAD, START]] = -np.inf
-                y = np.where(done, PAD, log_probs.argmax(axis=-1)).astype(np.int64)
-                ids.append(y)
-                prefix = np.concatenate([prefix, y[:, None]], axis=1)
-                done |= y == END
-                if done.all():
-                    break
-        return np.stack(ids, axis=1), None
+            return decoding.greedy(self, src, max_len, use_cache=use_cache)
+
+    def beam_search(self, src, beam: int = 5, max_len: int = 50, length_penalty: float = 1.0,
+                    coverage_penalty: float = 0.0, use_cache: bool = True):
+        """Beam search as ``Seq2Seq.beam_search`` (``ta.models.decoding.beam_search``); the
+        coverage penalty reads the attention ``greedy`` returns.
+
+        Returns:
+            (ids (B, L) int64, attention (B, L, S)), laid out as ``greedy``'s.
+        """
+        src = _ids(src, "src")
+        _check_positive(beam, "beam", "beam_search")
+        _check_positive(max_len, "max_len", "beam_search")
+        with _inference(self):
+            return decoding.beam_search(self, src, beam, max_len, length_penalty, coverage_penalty,
+                                        use_cache=use_cache)
+
+    def decode_start(self, src: np.ndarray, use_cache: bool = True) -> _State:
+        """``ta.models.decoding``'s protocol: the state of a decode of ``src`` (B, S), with
+        the key/value cache or (``use_cache=False``) re-running the prefix every step."""
+        caches = [{} for _ in self.transformer.decoder.layers]
+        return _State(self.encode(src), src != PAD, caches, np.full((src.shape[0], 0), START, dtype=np.int64),
+                      use_cache)
+
+    def decode_step(self, state: _State, tokens: np.ndarray, t: int):
+        """One step from the previous ids (N,): (log-probabilities (N, V), the last decoder
+        layer's cross-attention averaged over heads (N, S), the next state)."""
+        prefix = np.concatenate([state.prefix, tokens[:, None]], axis=1)          # (N, t + 1)
+        last = scopes.layer(len(self.transformer.decoder.layers) - 1)
+        with scope(scopes.DECODER), scope(scopes.step(t)), attention_record() as weights:
+            if state.use_cache:
+                h = self._cached_step(tokens[:, None], t, state.memory, state.memory_mask, state.caches)
+            else:
+                h = self.transformer.decoder(self._embed(self.tgt_embed, prefix), state.memory,
+                                             memory_key_mask=state.memory_mask, causal=True)[:, -1:]
+            log_probs = np.array(self.out(h).log_softmax(-1).numpy()[:, 0], dtype=np.float64)   # (N, V)
+        log_probs[:, [PAD, START]] = -np.inf
+        cross = weights[f"{scopes.DECODER}/{scopes.step(t)}/{last}/{scopes.CROSS_ATTENTION}"]
+        attention = cross[:, :, -1].mean(axis=1)                                   # (N, S)
+        return log_probs, attention, _State(state.memory, state.memory_mask, state.caches, prefix,
+                                            state.use_cache)
+
+    def decode_select(self, state: _State, rows: np.ndarray) -> _State:
+        def take(x):
+            return Tensor(x.numpy()[rows], dtype=x.dtype, device=x.device)
+
+        caches = [{key: (take(k), take(v)) for key, (k, v) in cache.items()} for cache in state.caches]
+        return _State(take(state.memory), state.memory_mask[rows], caches, state.prefix[rows],
+                      state.use_cache)
 
     def _cached_step(self, token: np.ndarray, t: int, memory: Tensor, memory_mask: np.ndarray,
                      caches: list[dict]) -> Tensor:
@@ -178,6 +228,18 @@ class Transformer(nn.Module):
             with scope(scopes.layer(i)):
                 x = _layer_step(layer, x, memory, memory_mask, cache)
         return x if decoder.norm is None else decoder.norm(x)
+
+
+@dataclass
+class _State:
+    """A decode of N rows: the memory (N, S, E) and its mask, each decoder layer's cached
+    keys and values (N, H, t, D), and the ids so far (N, t + 1), ``<start>`` first."""
+
+    memory: Tensor
+    memory_mask: np.ndarray
+    caches: list
+    prefix: np.ndarray
+    use_cache: bool
 
 
 def _layer_step(layer: nn.TransformerDecoderLayer, x: Tensor, memory: Tensor, memory_mask: np.ndarray,
