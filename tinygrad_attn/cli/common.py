@@ -52,6 +52,12 @@ probability = number_type(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
 
 TRAIN_MODEL = dict(cell="gru", attention="additive", style="bahdanau", embed=64, hidden=128, layers=1)
+# The Transformer's (--arch transformer): --layers counts encoder and decoder layers each.
+TRANSFORMER_MODEL = dict(d_model=128, heads=4, ff=512, layers=2)
+ARCHS = ("seq2seq", "transformer")
+# Which model options belong to which architecture (given with the other, they are an error).
+SEQ2SEQ_FLAGS = ("cell", "attention", "style", "embed", "hidden", "bidirectional")
+TRANSFORMER_FLAGS = ("d_model", "heads", "ff")
 
 
 def add_model_options(parser: argparse.ArgumentParser, defaults: dict, when: str = "",
@@ -125,9 +131,32 @@ def writable_directory(path: Path, flag: str) -> Path:
     return path
 
 
-def build_model(src_vocab, tgt_vocab, **config):
-    """``ta.models.Seq2Seq`` from command-line settings, its errors as one line."""
+def add_transformer_options(parser: argparse.ArgumentParser) -> None:
+    """The options of ``--arch transformer`` (None when not given)."""
+    parser.add_argument("--d-model", type=positive_int, default=None,
+                        help=f"transformer: model size (default {TRANSFORMER_MODEL['d_model']})")
+    parser.add_argument("--heads", type=positive_int, default=None,
+                        help=f"transformer: attention heads, dividing --d-model "
+                             f"(default {TRANSFORMER_MODEL['heads']})")
+    parser.add_argument("--ff", type=positive_int, default=None,
+                        help=f"transformer: feed-forward size (default {TRANSFORMER_MODEL['ff']})")
+
+
+def check_arch_flags(args, arch: str) -> None:
+    """Refuse the options of the other architecture, naming them."""
+    foreign = TRANSFORMER_FLAGS if arch == "seq2seq" else SEQ2SEQ_FLAGS
+    given = [f"--{name.replace('_', '-')}" for name in foreign if getattr(args, name, None) is not None]
+    if given:
+        raise UsageError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not an option of "
+                         f"--arch {arch}")
+
+
+def build_model(src_vocab, tgt_vocab, arch: str = "seq2seq", **config):
+    """``ta.models.Seq2Seq`` or (``arch="transformer"``) ``ta.models.Transformer`` from
+    command-line settings, its errors as one line."""
     try:
+        if arch == "transformer":
+            return ta.models.Transformer(src_vocab, tgt_vocab, **config)
         return ta.models.Seq2Seq(src_vocab, tgt_vocab, **config)
     except ValueError as err:
         raise UsageError(str(err)) from None
@@ -165,7 +194,7 @@ def load_checkpoint(path: str):
     except MemoryError:
         raise UsageError(f"the model in {path} does not fit in memory") from None
     except (KeyError, TypeError, ValueError) as err:
-        raise UsageError(f"{path} is not a readable seq2seq checkpoint "
+        raise UsageError(f"{path} is not a readable model checkpoint "
                          f"({type(err).__name__}: {err})") from None
 
 

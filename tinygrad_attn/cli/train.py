@@ -1,5 +1,5 @@
-"""``tinygrad-attn train``: train a Seq2Seq on a named task or on files of pairs, validated,
-checkpointed and resumable."""
+"""``tinygrad-attn train``: train a Seq2Seq or a Transformer on a named task or on files of
+pairs, validated, checkpointed and resumable."""
 
 from __future__ import annotations
 
@@ -11,12 +11,16 @@ import tinygrad_attn as ta
 
 from ..serialize import atomic_file, write_text
 from .common import (
+    ARCHS,
     EXIT_OK,
     TRAIN_MODEL,
+    TRANSFORMER_MODEL,
     UsageError,
     add_model_options,
     add_threads,
+    add_transformer_options,
     build_model,
+    check_arch_flags,
     load_checkpoint,
     non_negative_int,
     number_type,
@@ -33,9 +37,10 @@ TOKENS = ("char", "space")
 MAX_LENGTH = 1000
 sequence_length = number_type(int, lambda v: 1 <= v <= MAX_LENGTH, f"an integer from 1 to {MAX_LENGTH}")
 # Given with --resume, these would contradict the run saved in the checkpoint.
-_RUN_FLAGS = ("task", "data", "valid", "test", "src_tokens", "tgt_tokens", "length", "stress", "cell",
-              "attention", "style", "embed", "hidden", "layers", "bidirectional", "dropout", "batch_size",
-              "lr", "seed", "eval_every", "patience", "schedule", "warmup", "clip", "bucket")
+_RUN_FLAGS = ("task", "data", "valid", "test", "src_tokens", "tgt_tokens", "length", "stress", "arch", "cell",
+              "attention", "style", "embed", "hidden", "layers", "bidirectional", "d_model", "heads", "ff",
+              "dropout", "batch_size", "lr", "seed", "eval_every", "patience", "schedule", "warmup", "clip",
+              "bucket")
 DEFAULTS = dict(TRAIN_MODEL, dropout=0.0, batch_size=64, lr=3e-3, seed=0, schedule="constant", warmup=0,
                 clip=1.0, steps=1500, bucket=1)
 
@@ -64,7 +69,12 @@ def add_parser(commands) -> None:
     source.add_argument("--tgt-tokens", choices=TOKENS, default=None,
                         help="with --data: target tokens (default char)")
     model = train.add_argument_group("model")
+    model.add_argument("--arch", choices=ARCHS, default=None,
+                       help="seq2seq: an RNN encoder-decoder with attention (the options below up to "
+                            "--bidirectional); transformer: the Transformer (--d-model, --heads, --ff, "
+                            "--layers, default 2 each) (default seq2seq)")
     add_model_options(model, TRAIN_MODEL, unset=True)
+    add_transformer_options(model)
     model.add_argument("--dropout", type=probability, default=None, help="default 0")
     run = train.add_argument_group("training")
     run.add_argument("--steps", type=positive_int, default=None,
@@ -172,15 +182,31 @@ def run_train(args) -> int:
                 for name in DEFAULTS}
     source = _source_of(args)
     task = task_from_source(source)              # bad data fails before anything is created
-    out = writable(Path(args.out or f"checkpoints/{source.get('task') or Path(source['data']).stem}-"
-                                    f"{settings['cell']}-{settings['attention']}.ckpt"))
+    arch = args.arch or "seq2seq"
+    check_arch_flags(args, arch)
+    if arch == "transformer":
+        if args.layers is None:
+            settings["layers"] = TRANSFORMER_MODEL["layers"]
+        name = "transformer"
+    else:
+        name = f"{settings['cell']}-{settings['attention']}"
+    stem = source.get("task") or Path(source["data"]).stem
+    out = writable(Path(args.out or f"checkpoints/{stem}-{name}.ckpt"))
     threads = set_threads(args.threads)
     ta.manual_seed(settings["seed"])
-    attention = None if settings["attention"] == "none" else settings["attention"]
-    model = build_model(task.src_vocab, task.tgt_vocab, embed=settings["embed"], hidden=settings["hidden"],
-                        cell=settings["cell"], attention=attention, style=settings["style"],
-                        num_layers=settings["layers"], dropout=settings["dropout"],
-                        bidirectional=bool(args.bidirectional))
+    if arch == "transformer":
+        option = {key: getattr(args, key) or value for key, value in TRANSFORMER_MODEL.items()}
+        model = build_model(task.src_vocab, task.tgt_vocab, arch, d_model=option["d_model"],
+                            nhead=option["heads"], num_encoder_layers=settings["layers"],
+                            num_decoder_layers=settings["layers"], dim_feedforward=option["ff"],
+                            dropout=settings["dropout"])
+    else:
+        attention = None if settings["attention"] == "none" else settings["attention"]
+        model = build_model(task.src_vocab, task.tgt_vocab, embed=settings["embed"],
+                            hidden=settings["hidden"], cell=settings["cell"], attention=attention,
+                            style=settings["style"],
+                            num_layers=settings["layers"], dropout=settings["dropout"],
+                            bidirectional=bool(args.bidirectional))
     _describe(task, model, threads)
     options = dict(steps=settings["steps"], batch_size=settings["batch_size"], lr=settings["lr"],
                    clip=settings["clip"], seed=settings["seed"], schedule=settings["schedule"],

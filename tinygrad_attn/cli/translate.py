@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
+
 import tinygrad_attn as ta
 
 from .common import (
@@ -63,8 +65,13 @@ def run(args) -> int:
         print(ta.viz.format_attention(attention, source, tokens))
         if args.heatmap is not None:
             path = _heatmap_path(args.heatmap, index, len(args.texts))
+            rows = ta.viz.row_labels(tokens, attention)
+            drawn = attention
+            if isinstance(model, ta.models.Transformer):
+                drawn = _cross_attention_grid(model, info, source, tokens, len(rows))
             try:
-                ta.viz.heatmap(attention, source, ta.viz.row_labels(tokens, attention), path)
+                ta.viz.heatmap(drawn, source, rows, path, title=None if drawn is attention else
+                               "cross-attention, every layer and head")
             except (ImportError, ValueError, OSError) as err:       # messages start "heatmap:"
                 raise UsageError(str(err)) from None
             print(f"wrote the heatmap to {path}")
@@ -105,6 +112,19 @@ def _translate_stream(model, info, args) -> int:
     for source in sources:
         sys.stdout.write((info.detokenize(next(outputs)) if source is not None else "") + "\n")
     return EXIT_OK
+
+
+def _cross_attention_grid(model, info, source: list, tokens: list, rows: int):
+    """A Transformer's cross-attention for one translation, (layers, heads, rows, S): the
+    output teacher-forced (what decoding computed), every layer's weights recorded."""
+    src = ta.data.encode_batch([source], info.src_vocab)                          # (1, S)
+    output = info.tgt_vocab.encode(tokens, end=True)
+    tgt_in = np.array([[ta.data.START] + output[: rows - 1]])
+    with ta.no_grad():
+        _, weights = model(src, tgt_in, need_weights=True)
+    scopes = ta.scopes
+    return np.stack([weights[f"{scopes.DECODER}/{scopes.layer(i)}/{scopes.CROSS_ATTENTION}"][0]
+                     for i in range(len(model.transformer.decoder.layers))])
 
 
 def _heatmap_path(path: str, index: int, count: int) -> Path:

@@ -1,5 +1,5 @@
-"""Seq2Seq checkpoints: the model, its vocabularies and tokenization, and (for a run that can
-be resumed) the training state.
+"""Checkpoints of ``Seq2Seq`` and ``Transformer`` models: the model, its vocabularies and
+tokenization, and (for a run that can be resumed) the training state.
 
     ta.models.save_checkpoint("run.ckpt", model, task, step=1200)
     model, info = ta.models.load_checkpoint("run.ckpt")      # model in eval mode
@@ -17,10 +17,14 @@ from __future__ import annotations
 from .. import data
 from ..serialize import SerializationError, load, save
 from .seq2seq import Seq2Seq
+from .transformer import Transformer
 
-__all__ = ["Checkpoint", "save_checkpoint", "load_checkpoint", "CHECKPOINT_KIND"]
+__all__ = ["Checkpoint", "save_checkpoint", "load_checkpoint", "CHECKPOINT_KIND", "ARCHITECTURES"]
 
 CHECKPOINT_KIND = "tinygrad_attn.seq2seq"
+#: The model classes a checkpoint can hold, by the name its "arch" field gives (files written
+#: before the Transformer have no such field: they hold a Seq2Seq).
+ARCHITECTURES = {"seq2seq": Seq2Seq, "transformer": Transformer}
 
 
 class Checkpoint:
@@ -60,7 +64,7 @@ class Checkpoint:
         return self.task.detokenize_source(tokens)
 
 
-def save_checkpoint(path, model: Seq2Seq, task: data.Task, weights: dict | None = None,
+def save_checkpoint(path, model: Seq2Seq | Transformer, task: data.Task, weights: dict | None = None,
                     training: dict | None = None, **extras) -> None:
     """Write the model's config and weights and the task's vocabularies and tokenization to
     ``path`` (atomically, with ``ta.save``).
@@ -73,7 +77,11 @@ def save_checkpoint(path, model: Seq2Seq, task: data.Task, weights: dict | None 
         training: the resumable state ``ta.models.train`` keeps (internal layout).
         **extras: JSON-like values (step, metrics, ...), returned as ``Checkpoint.extras``.
     """
-    state = {"kind": CHECKPOINT_KIND, "config": model.config,
+    arch = next((name for name, cls in ARCHITECTURES.items() if type(model) is cls), None)
+    if arch is None:
+        raise TypeError(f"save_checkpoint: a checkpoint holds one of {', '.join(ARCHITECTURES)}, "
+                        f"not a {type(model).__name__}")
+    state = {"kind": CHECKPOINT_KIND, "arch": arch, "config": model.config,
              "model": model.state_dict() if weights is None else weights,
              "task": task.name, "tokenization": task.tokenization,
              "src_vocab": task.src_vocab.to_dict(), "tgt_vocab": task.tgt_vocab.to_dict(),
@@ -83,7 +91,7 @@ def save_checkpoint(path, model: Seq2Seq, task: data.Task, weights: dict | None 
     save(state, path)
 
 
-def load_checkpoint(path) -> tuple[Seq2Seq, Checkpoint]:
+def load_checkpoint(path) -> tuple[Seq2Seq | Transformer, Checkpoint]:
     """Rebuild the model saved by ``save_checkpoint``; returns (model in eval mode, Checkpoint).
 
     Raises:
@@ -93,8 +101,12 @@ def load_checkpoint(path) -> tuple[Seq2Seq, Checkpoint]:
     if not isinstance(state, dict) or state.get("kind") != CHECKPOINT_KIND:
         raise SerializationError(f"load_checkpoint: {path} is a tinygrad_attn file but not a seq2seq "
                                  f"checkpoint (written by ta.models.save_checkpoint)")
+    arch = state.get("arch", "seq2seq")
+    if arch not in ARCHITECTURES:
+        raise SerializationError(f"load_checkpoint: {path} holds a model of architecture {arch!r}, which "
+                                 f"this version does not know (it knows {', '.join(ARCHITECTURES)})")
     try:
-        model = Seq2Seq(**state["config"])
+        model = ARCHITECTURES[arch](**state["config"])
         model.load_state_dict(state["model"])
         # Files from 0.5 and earlier name one level for both sides and always lower-case.
         tokenization = state.get("tokenization") or {"src": state["level"], "tgt": state["level"],

@@ -15,6 +15,9 @@ from .. import data, metrics
 from ..autograd import no_grad
 from ..functional import cross_entropy
 from .seq2seq import Seq2Seq
+from .transformer import Transformer
+
+Model = Seq2Seq | Transformer
 
 __all__ = ["evaluate", "decode", "translate", "translate_tokens", "validation_loss"]
 
@@ -25,7 +28,7 @@ def default_max_len(source_len: int) -> int:
     return 2 * source_len + 10
 
 
-def translate_tokens(model: Seq2Seq, sources: Sequence, src_vocab: data.Vocab, tgt_vocab: data.Vocab,
+def translate_tokens(model: Model, sources: Sequence, src_vocab: data.Vocab, tgt_vocab: data.Vocab,
                      max_len: int | None = None, beam: int | None = None,
                      batch_size: int = 256) -> list:
     """Decode token lists: returns one (output tokens, attention (L, S) or None) per source,
@@ -60,14 +63,14 @@ def translate_tokens(model: Seq2Seq, sources: Sequence, src_vocab: data.Vocab, t
     return results
 
 
-def decode(model: Seq2Seq, sources: Sequence, src_vocab: data.Vocab, tgt_vocab: data.Vocab,
+def decode(model: Model, sources: Sequence, src_vocab: data.Vocab, tgt_vocab: data.Vocab,
            max_len: int | None = None, beam: int | None = None, batch_size: int = 256) -> list[list[str]]:
     """The output tokens for each source (``translate_tokens`` without the attention)."""
     return [tokens for tokens, _ in translate_tokens(model, sources, src_vocab, tgt_vocab, max_len=max_len,
                                                      beam=beam, batch_size=batch_size)]
 
 
-def evaluate(model: Seq2Seq, pairs: Sequence, src_vocab: data.Vocab, tgt_vocab: data.Vocab,
+def evaluate(model: Model, pairs: Sequence, src_vocab: data.Vocab, tgt_vocab: data.Vocab,
              batch_size: int = 256, max_len: int | None = None, beam: int | None = None,
              return_outputs: bool = False):
     """Decode every distinct source of ``pairs`` (greedy, or beam search with ``beam``) and
@@ -95,7 +98,7 @@ def evaluate(model: Seq2Seq, pairs: Sequence, src_vocab: data.Vocab, tgt_vocab: 
     return scores, rows
 
 
-def validation_loss(model: Seq2Seq, pairs: Sequence, src_vocab: data.Vocab, tgt_vocab: data.Vocab,
+def validation_loss(model: Model, pairs: Sequence, src_vocab: data.Vocab, tgt_vocab: data.Vocab,
                     batch_size: int = 256) -> float:
     """Teacher-forced cross-entropy per target token (``<end>`` included) over ``pairs``, in
     eval mode (no dropout); the model's mode is restored after."""
@@ -115,7 +118,7 @@ def validation_loss(model: Seq2Seq, pairs: Sequence, src_vocab: data.Vocab, tgt_
     return total / tokens
 
 
-def translate(model: Seq2Seq, text: str, task_like, max_len: int | None = None, beam: int | None = None):
+def translate(model: Model, text: str, task_like, max_len: int | None = None, beam: int | None = None):
     """Translate one string: returns (output text, source tokens, output tokens, attention
     (output tokens + <end>, source tokens) or None).  ``task_like`` gives ``tokenize``,
     ``detokenize`` and the vocabularies (a Task or a Checkpoint)."""

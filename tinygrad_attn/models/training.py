@@ -1,4 +1,4 @@
-"""Training a Seq2Seq: teacher forcing with Adam, validation, the best weights kept, early
+"""Training a Seq2Seq or a Transformer: teacher forcing with Adam, validation, the best weights kept, early
 stopping, a learning-rate schedule, gradient clipping, a log, and runs that resume exactly.
 
     task = ta.data.load("dates")
@@ -37,6 +37,9 @@ from ..serialize import write_text
 from .checkpoint import load_checkpoint, save_checkpoint
 from .evaluation import evaluate, validation_loss
 from .seq2seq import Seq2Seq
+from .transformer import Transformer
+
+Model = Seq2Seq | Transformer
 
 __all__ = ["train", "SCHEDULES", "log_path"]
 
@@ -54,7 +57,7 @@ def log_path(checkpoint) -> Path:
     return path.with_name(path.stem + ".jsonl") if path.suffix else path.with_name(path.name + ".jsonl")
 
 
-def train(model: Seq2Seq, task: data.Task, steps: int = 1000, batch_size: int = 64, lr: float = 3e-3,
+def train(model: Model, task: data.Task, steps: int = 1000, batch_size: int = 64, lr: float = 3e-3,
           clip: float | None = 1.0, seed: int = 0, time_limit: float | None = None,
           callback: Callable[[dict], None] | None = None, optimizer: optim.Optimizer | None = None, *,
           eval_every: int | None = None, patience: int | None = None, schedule: str = "constant",
@@ -64,7 +67,7 @@ def train(model: Seq2Seq, task: data.Task, steps: int = 1000, batch_size: int = 
     ``task.valid``.
 
     Args:
-        model: the Seq2Seq to train (in place).
+        model: the Seq2Seq or Transformer to train (in place).
         task: a ``ta.data.Task``; its vocabularies must match the model's sizes.
         steps: the run's total optimizer steps (a resumed run continues up to it).
         batch_size: pairs per step.  lr: Adam's (peak) learning rate.
@@ -157,7 +160,7 @@ def _settings(task, steps, batch_size, lr, clip, seed, eval_every, patience, sch
 class _Run:
     """One training run's state: what a checkpoint must hold to continue it exactly."""
 
-    def __init__(self, model: Seq2Seq, task: data.Task, settings: dict, optimizer, checkpoint, extras: dict):
+    def __init__(self, model: Model, task: data.Task, settings: dict, optimizer, checkpoint, extras: dict):
         self.model, self.task, self.settings, self.extras = model, task, settings, extras
         self.checkpoint = None if checkpoint is None else Path(checkpoint)
         self.owns_optimizer = optimizer is None
@@ -222,7 +225,7 @@ class _Run:
                              f"another version ({type(err).__name__}: {err})") from None
         _truncate_log(log_path(self.checkpoint), self.step)
 
-    def _restore_state(self, state: dict, saved_model: Seq2Seq) -> None:
+    def _restore_state(self, state: dict, saved_model: Model) -> None:
         self.settings = {key: state["settings"][key] for key in _RUN_SETTINGS}
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -365,7 +368,7 @@ def _interrupt_flag():
         signal.signal(signal.SIGINT, previous)
 
 
-def _check_vocab_sizes(model: Seq2Seq, task: data.Task) -> None:
+def _check_vocab_sizes(model: Model, task: data.Task) -> None:
     sizes = (model.config["src_vocab"], model.config["tgt_vocab"])
     if sizes != (len(task.src_vocab), len(task.tgt_vocab)):
         raise ValueError(f"train: the model's vocabulary sizes {sizes} differ from task "
