@@ -113,9 +113,10 @@ def test_heatmap_accepts_a_tensor_and_a_leading_batch_of_one():
 
 
 @pytest.mark.parametrize(("weights", "src", "tgt", "message"), [
-    (np.zeros((2, 3, 4)), "abcd", "xyz", r"\(T, S\) or \(1, T, S\), got shape \(2, 3, 4\)"),
+    (np.zeros((2, 2, 2, 3, 4)), "abcd", "xyz",
+     r"\(T, S\) or \(1, T, S\).*\(L, H, T, S\).*got shape \(2, 2, 2, 3, 4\)"),
+    (np.zeros((2, 3, 4)), "abc", "xyz", r"shape \(3, 4\) need S=4 source .* got 3 source"),
     (np.zeros(4), "abcd", "x", r"got shape \(4,\)"),
-    (np.zeros((1, 1, 3, 4)), "abcd", "xyz", r"got shape \(1, 1, 3, 4\)"),
     (np.zeros((3, 4)), "abc", "xyz", r"shape \(3, 4\) need S=4 source .* got 3 source"),
     (np.zeros((1, 3, 4)), "abcd", "xy", r"shape \(1, 3, 4\) need S=4 .* T=3 target .* 2 target"),
     (np.zeros((0, 4)), "abcd", "", r"shape \(0, 4\) have no cells"),
@@ -124,6 +125,30 @@ def test_heatmap_accepts_a_tensor_and_a_leading_batch_of_one():
 def test_heatmap_rejects_mismatched_shapes_and_labels(weights, src, tgt, message):
     with pytest.raises(ValueError, match="^heatmap: .*" + message):
         heatmap(weights, list(src), list(tgt))
+
+
+def test_a_grid_of_layers_and_heads_draws_a_panel_each():
+    """(L, H, T, S): L rows of H panels, each with its own labels, cells and title; one
+    colour bar; panel names checked against the grid."""
+    rng = np.random.default_rng(0)
+    grid = rng.dirichlet(np.ones(4), size=(2, 3, 3))                          # (2 layers, 3 heads, 3, 4)
+    root = ET.fromstring(heatmap(grid, list("abcd"), list("xyz"), title="cross-attention"))
+    panels = root.findall("svg:svg", NS)
+    assert len(panels) == 6
+    titles = [panel.find("svg:text[@class='title']", NS).text for panel in panels]
+    assert titles == [f"layer {i} head {j}" for i in range(2) for j in range(3)]
+    for index, panel in enumerate(panels):
+        cells = panel.find(f"svg:g[@id='cells-{index // 3}-{index % 3}']", NS).findall("svg:rect", NS)
+        got = [float(rect.find("svg:title", NS).text.rsplit(": ", 1)[1]) for rect in cells]
+        np.testing.assert_allclose(got, grid[index // 3, index % 3].ravel(), atol=0.005)
+    assert len(root.findall(".//svg:g[@id='colour-bar']", NS)) == 1
+    one_row = ET.fromstring(heatmap(grid[0], list("abcd"), list("xyz"), column_names=["a", "b", "c"]))
+    names = [p.find("svg:text[@class='title']", NS).text for p in one_row.findall("svg:svg", NS)]
+    assert names == ["a", "b", "c"]
+    with pytest.raises(ValueError, match=r"grid of 2 x 3 panels, but 1 row names"):
+        heatmap(grid, list("abcd"), list("xyz"), row_names=["only"])
+    with pytest.raises(ValueError, match="row_names and column_names name the panels of a grid"):
+        heatmap(grid[0, 0], list("abcd"), list("xyz"), row_names=["x"])
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

@@ -42,13 +42,17 @@ BAR_WIDTH = 12
 BAR_MIN_HEIGHT = 80
 
 
-def heatmap(weights, src_tokens, tgt_tokens, path=None, title=None, *, backend=None, numbers=None):
+def heatmap(weights, src_tokens, tgt_tokens, path=None, title=None, *, backend=None, numbers=None,
+            row_names=None, column_names=None):
     """Draw attention weights as a heatmap: rows are output tokens, columns source tokens, and
     a cell's darkness is its weight on a fixed 0-to-1 scale (shown by a colour bar).
 
     Args:
         weights: the attention matrix, a numpy array or Tensor of shape (T, S); (1, T, S) is
             squeezed. Weights outside [0, 1] are clipped for the colour, not for the numbers.
+            A grid of matrices, one panel each, for a Transformer's layers and heads:
+            (L, H, T, S) draws L rows of H panels (row i "layer i", column j "head j");
+            (H, T, S) one row of them.
         src_tokens: S column labels (source tokens); a space is drawn as ``␣``.
         tgt_tokens: T row labels (output tokens, ``<end>`` included when it has a row).
         path: the file to write, its format taken from the suffix. None returns the picture
@@ -58,6 +62,7 @@ def heatmap(weights, src_tokens, tgt_tokens, path=None, title=None, *, backend=N
             or None: matplotlib when it is installed and ``path`` is given, else svg.
         numbers: write each weight (2 decimals) in its cell; None does so when the matrix is
             at most 12 x 12.
+        row_names, column_names: a grid's panel names (default "layer i", "head j").
 
     Returns:
         The ``Path`` written to; with ``path=None``, the SVG text (svg backend) or a
@@ -76,17 +81,29 @@ def heatmap(weights, src_tokens, tgt_tokens, path=None, title=None, *, backend=N
         >>> ta.viz.heatmap(attention, source, rows, "attention.svg")
         PosixPath('attention.svg')
         >>> svg_text = ta.viz.heatmap(np.eye(3), list("abc"), list("xyz"))
+        >>> _, weights = model(src, tgt_in, need_weights=True)        # a Transformer
+        >>> grid = np.stack([weights[f"decoder/layer{i}/cross_attention"][0] for i in range(2)])
+        >>> ta.viz.heatmap(grid, source, rows, "heads.svg")           # 2 layers x H heads
     """
-    weights = _matrix(weights, src_tokens, tgt_tokens)
+    grid = _grid(weights, row_names, column_names)
+    if grid is not None:
+        weights, row_names, column_names = grid
+        for panel in weights.reshape((-1,) + weights.shape[-2:]):
+            _matrix(panel, src_tokens, tgt_tokens)
+    else:
+        weights = _matrix(weights, src_tokens, tgt_tokens)
     src = [_visible(t) for t in src_tokens]
     tgt = [_visible(t) for t in tgt_tokens]
     if numbers is None:
-        numbers = max(weights.shape) <= NUMBERS_UP_TO
+        numbers = max(weights.shape[-2:]) <= NUMBERS_UP_TO
     path = None if path is None else Path(path)
     chosen = _choose_backend(backend, path)
 
     if chosen == "svg":
-        text = _svg(weights, src, tgt, title, numbers)
+        if grid is not None:
+            text = _svg_grid(weights, src, tgt, title, numbers, row_names, column_names)
+        else:
+            text = _svg(weights, src, tgt, title, numbers)
         if path is None:
             return text
         with atomic_file(path, "heatmap") as file:
@@ -96,7 +113,10 @@ def heatmap(weights, src_tokens, tgt_tokens, path=None, title=None, *, backend=N
     fmt = None if path is None else path.suffix[1:].lower()
     if fmt is not None:
         _check_matplotlib_format(path, fmt)
-    figure = _matplotlib_figure(weights, src, tgt, title, numbers)
+    if grid is not None:
+        figure = _matplotlib_grid(weights, src, tgt, title, numbers, row_names, column_names)
+    else:
+        figure = _matplotlib_figure(weights, src, tgt, title, numbers)
     if path is None:
         return figure
     # 150 dpi keeps a png's labels sharp; vector formats ignore it.
@@ -108,6 +128,27 @@ def heatmap(weights, src_tokens, tgt_tokens, path=None, title=None, *, backend=N
 # ---------------------------------------------------------------- checks
 
 
+def _grid(weights, row_names, column_names):
+    """(L, H, T, S) or (H > 1, T, S) weights -> (the (rows, columns, T, S) array, row names,
+    column names); None for one matrix."""
+    array = np.asarray(weights, dtype=np.float64)
+    if array.ndim == 3 and array.shape[0] > 1:
+        array = array[None]
+        row_names = row_names or [""]
+    if array.ndim != 4:
+        if row_names is not None or column_names is not None:
+            raise ValueError(f"heatmap: row_names and column_names name the panels of a grid, (L, H, T, S) "
+                             f"weights; got one matrix of shape {array.shape}")
+        return None
+    rows, columns = array.shape[:2]
+    row_names = list(row_names) if row_names is not None else [f"layer {i}" for i in range(rows)]
+    column_names = list(column_names) if column_names is not None else [f"head {j}" for j in range(columns)]
+    if len(row_names) != rows or len(column_names) != columns:
+        raise ValueError(f"heatmap: weights of shape {array.shape} make a grid of {rows} x {columns} panels, "
+                         f"but {len(row_names)} row names and {len(column_names)} column names were given")
+    return array, row_names, column_names
+
+
 def _matrix(weights, src_tokens, tgt_tokens) -> np.ndarray:
     """The weights as a float64 (T, S) array, with every mismatch reported against the shape."""
     # np.asarray reads a Tensor through its __array__ (copied to the host from a GPU).
@@ -116,7 +157,8 @@ def _matrix(weights, src_tokens, tgt_tokens) -> np.ndarray:
     if weights.ndim == 3 and shape[0] == 1:
         weights = weights[0]
     if weights.ndim != 2:
-        raise ValueError(f"heatmap: weights must be (T, S) or (1, T, S), got shape {shape}")
+        raise ValueError(f"heatmap: weights must be (T, S) or (1, T, S), or a grid (H, T, S) or "
+                         f"(L, H, T, S), got shape {shape}")
     T, S = weights.shape
     if T == 0 or S == 0:
         raise ValueError(f"heatmap: weights of shape {shape} have no cells to draw")
@@ -228,7 +270,9 @@ def _num(value: float) -> str:
     return f"{value:.1f}".rstrip("0").rstrip(".")
 
 
-def _svg(weights: np.ndarray, src: list[str], tgt: list[str], title, numbers: bool) -> str:
+def _svg_panel(weights: np.ndarray, src: list[str], tgt: list[str], title, numbers: bool, suffix: str = ""):
+    """One matrix with its labels, drawn from (0, 0): (lines, its layout).  ``suffix`` keeps
+    the group ids of a grid's panels distinct."""
     T, S = weights.shape
     cell = CELL_WITH_NUMBERS if numbers else CELL
     src_width = max(_text_width(s, LABEL_FONT) for s in src)
@@ -239,25 +283,14 @@ def _svg(weights: np.ndarray, src: list[str], tgt: list[str], title, numbers: bo
     left = PAD + tgt_width + GAP
     top = PAD + title_height + (src_width if rotate else LABEL_FONT) + GAP
     grid_w, grid_h = S * cell, T * cell
-    bar_x = left + grid_w + BAR_GAP
-    bar_h = max(grid_h, BAR_MIN_HEIGHT)
-    width = bar_x + BAR_WIDTH + 4 + _text_width("0.5", NUMBER_FONT) + PAD
+    title_width = 2 * PAD + _text_width(str(title), TITLE_FONT) if title else 0
+    lines = []
     if title:
-        width = max(width, 2 * PAD + _text_width(str(title), TITLE_FONT))
-    height = top + max(grid_h, bar_h) + PAD
-
-    lines = [
-        '<?xml version="1.0" encoding="UTF-8"?>',
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_num(width)}" height="{_num(height)}" '
-        f'viewBox="0 0 {_num(width)} {_num(height)}" font-family="{FONT_FAMILY}" role="img">',
-        f"<title>{_attr(title or f'attention weights ({T} output x {S} source tokens)')}</title>",
-        '<rect class="background" width="100%" height="100%" fill="#ffffff"/>',
-    ]
-    if title:
-        lines.append(f'<text class="title" x="{_num(width / 2)}" y="{_num(PAD + TITLE_FONT)}" '
+        centre = max(left + grid_w / 2, title_width / 2)
+        lines.append(f'<text class="title" x="{_num(centre)}" y="{_num(PAD + TITLE_FONT)}" '
                      f'font-size="{TITLE_FONT}" text-anchor="middle">{_attr(title)}</text>')
 
-    lines.append(f'<g id="source-labels" font-size="{LABEL_FONT}">')
+    lines.append(f'<g id="source-labels{suffix}" font-size="{LABEL_FONT}">')
     for j, label in enumerate(src):
         x, y = left + (j + 0.5) * cell, top - GAP
         if rotate:
@@ -268,14 +301,14 @@ def _svg(weights: np.ndarray, src: list[str], tgt: list[str], title, numbers: bo
             lines.append(f'<text x="{_num(x)}" y="{_num(y)}" text-anchor="middle">{_attr(label)}</text>')
     lines.append("</g>")
 
-    lines.append(f'<g id="target-labels" font-size="{LABEL_FONT}" text-anchor="end">')
+    lines.append(f'<g id="target-labels{suffix}" font-size="{LABEL_FONT}" text-anchor="end">')
     for i, label in enumerate(tgt):
         lines.append(f'<text x="{_num(left - GAP)}" y="{_num(top + (i + 0.5) * cell)}" '
                      f'dy="0.35em">{_attr(label)}</text>')
     lines.append("</g>")
 
     # Each cell's tooltip names its pair and weight, so large matrices stay readable on hover.
-    lines.append('<g id="cells">')
+    lines.append(f'<g id="cells{suffix}">')
     for i in range(T):
         for j in range(S):
             w = weights[i, j]
@@ -287,17 +320,71 @@ def _svg(weights: np.ndarray, src: list[str], tgt: list[str], title, numbers: bo
                  f'height="{grid_h}" fill="none" stroke="#999999" stroke-width="1"/>')
 
     if numbers:
-        lines.append(f'<g id="numbers" font-size="{NUMBER_FONT}" text-anchor="middle">')
+        lines.append(f'<g id="numbers{suffix}" font-size="{NUMBER_FONT}" text-anchor="middle">')
         for i in range(T):
             for j in range(S):
                 w = weights[i, j]
                 lines.append(f'<text x="{_num(left + (j + 0.5) * cell)}" y="{_num(top + (i + 0.5) * cell)}" '
                              f'dy="0.35em" fill="{_text_colour(_rgb(w))}">{w:.2f}</text>')
         lines.append("</g>")
+    return lines, dict(right=max(left + grid_w, title_width - PAD), top=top, grid_h=grid_h)
 
-    lines.extend(_svg_colour_bar(bar_x, top, bar_h))
-    lines.append("</svg>")
+
+def _svg_document(width: float, height: float, label: str, body: list[str]) -> str:
+    lines = [
+        '<?xml version="1.0" encoding="UTF-8"?>',
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_num(width)}" height="{_num(height)}" '
+        f'viewBox="0 0 {_num(width)} {_num(height)}" font-family="{FONT_FAMILY}" role="img">',
+        f"<title>{_attr(label)}</title>",
+        '<rect class="background" width="100%" height="100%" fill="#ffffff"/>',
+        *body,
+        "</svg>",
+    ]
     return "\n".join(lines) + "\n"
+
+
+def _svg(weights: np.ndarray, src: list[str], tgt: list[str], title, numbers: bool) -> str:
+    T, S = weights.shape
+    body, layout = _svg_panel(weights, src, tgt, title, numbers)
+    bar_x = layout["right"] + BAR_GAP
+    bar_h = max(layout["grid_h"], BAR_MIN_HEIGHT)
+    width = bar_x + BAR_WIDTH + 4 + _text_width("0.5", NUMBER_FONT) + PAD
+    height = layout["top"] + bar_h + PAD
+    body.extend(_svg_colour_bar(bar_x, layout["top"], bar_h))
+    return _svg_document(width, height, title or f"attention weights ({T} output x {S} source tokens)", body)
+
+
+def _svg_grid(grid: np.ndarray, src: list[str], tgt: list[str], title, numbers: bool,
+              row_names: list[str], column_names: list[str]) -> str:
+    """A (rows, columns, T, S) stack of matrices as one picture: a panel each, titled by its
+    row and column name (layer and head), one colour bar for all."""
+    rows, columns, T, S = grid.shape
+    panels = [[_svg_panel(grid[r, c], src, tgt, f"{row_names[r]} {column_names[c]}".strip(), numbers,
+                          f"-{r}-{c}")
+               for c in range(columns)] for r in range(rows)]
+    # Every panel has the same labels, so the same layout: one size for all.
+    _, layout = panels[0][0]
+    panel_w = layout["right"] + PAD
+    panel_h = layout["top"] + layout["grid_h"] + PAD
+    title_height = TITLE_FONT + 2 * GAP if title else 0
+    body = []
+    if title:
+        body.append(f'<text class="title" x="{_num(PAD)}" y="{_num(PAD + TITLE_FONT)}" '
+                    f'font-size="{TITLE_FONT}">{_attr(title)}</text>')
+    for r in range(rows):
+        for c in range(columns):
+            lines, _ = panels[r][c]
+            body.append(f'<svg x="{_num(c * panel_w)}" y="{_num(title_height + r * panel_h)}" '
+                        f'width="{_num(panel_w)}" height="{_num(panel_h)}" class="panel">')
+            body.extend(lines)
+            body.append("</svg>")
+    bar_x = columns * panel_w + BAR_GAP
+    bar_h = max(rows * panel_h - 2 * PAD, BAR_MIN_HEIGHT)
+    body.extend(_svg_colour_bar(bar_x, title_height + layout["top"], bar_h - layout["top"] + PAD))
+    width = bar_x + BAR_WIDTH + 4 + _text_width("0.5", NUMBER_FONT) + PAD
+    height = max(title_height + rows * panel_h, title_height + layout["top"] + bar_h) + PAD
+    label = title or f"attention weights of {rows} x {columns} panels ({T} output x {S} source tokens)"
+    return _svg_document(width, height, label, body)
 
 
 def _svg_colour_bar(x: float, top: float, height: float) -> list[str]:
@@ -349,4 +436,38 @@ def _matplotlib_figure(weights: np.ndarray, src: list[str], tgt: list[str], titl
     figure.colorbar(image, ax=axes, ticks=[0.0, 0.5, 1.0], shrink=0.8)
     if title:
         axes.set_title(title, parse_math=False)
+    return figure
+
+
+def _matplotlib_grid(grid: np.ndarray, src: list[str], tgt: list[str], title, numbers: bool, row_names,
+                     column_names):
+    from matplotlib.colors import LinearSegmentedColormap
+    from matplotlib.figure import Figure
+
+    rows, columns, T, S = grid.shape
+    scale = LinearSegmentedColormap.from_list("tinygrad_attn", [_hex(LIGHT), _hex(DARK)])
+    inch = 0.34 if numbers else 0.22
+    figure = Figure(figsize=(columns * max(2.5, S * inch + 1.2) + 1.0, rows * max(2.2, T * inch + 1.0)),
+                    layout="constrained")
+    axes = figure.subplots(rows, columns, squeeze=False)
+    image = None
+    for r in range(rows):
+        for c in range(columns):
+            ax = axes[r, c]
+            image = ax.imshow(np.clip(grid[r, c], 0.0, 1.0), cmap=scale, vmin=0.0, vmax=1.0,
+                              interpolation="nearest", aspect="equal")
+            ax.set_xticks(range(S), labels=src, rotation=90 if max(len(s) for s in src) > 2 else 0,
+                          parse_math=False)
+            ax.set_yticks(range(T), labels=tgt, parse_math=False)
+            ax.xaxis.tick_top()
+            ax.tick_params(length=0, labelsize=7)
+            ax.set_title(f"{row_names[r]} {column_names[c]}".strip(), fontsize=9, parse_math=False)
+            if numbers:
+                for i in range(T):
+                    for j in range(S):
+                        ax.text(j, i, f"{grid[r, c, i, j]:.2f}", ha="center", va="center", fontsize=6,
+                                color=_text_colour(_rgb(grid[r, c, i, j])))
+    figure.colorbar(image, ax=axes, ticks=[0.0, 0.5, 1.0], shrink=0.6)
+    if title:
+        figure.suptitle(title)
     return figure
