@@ -84,6 +84,20 @@ def test_keys_name_the_scope_without_the_mechanism_and_count_repeats():
         record["nowhere"]
 
 
+def test_only_keeps_the_named_calls_and_rebuilds_no_others(monkeypatch):
+    rng = np.random.default_rng(3)
+    q, k, v = (Tensor(rng.normal(size=(2, 3, 4))) for _ in range(3))
+    rebuilt = []
+    weights = ta.ops.ScaledDotProduct.weights
+    monkeypatch.setattr(ta.ops.ScaledDotProduct, "weights", lambda op: rebuilt.append(op) or weights(op))
+    with ta.attention.record(only=["b"]) as record:
+        for name in ("a", "b"):
+            with ta.scope(name):
+                ta.attention.scaled_dot_product(q, k, v, need_weights=False)
+                ta.attention.dot(q, k)
+    assert list(record) == ["b", "b#2"] and len(rebuilt) == 1
+
+
 def test_graph_attention_is_recorded():
     rng = np.random.default_rng(2)
     gat = ta.nn.GraphAttention(3, 2, heads=2)

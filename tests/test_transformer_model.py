@@ -158,7 +158,11 @@ def test_decoding_attention_is_the_teacher_forced_cross_attention(use_cache):
     ids, attention = model.greedy(src[:1], max_len=6, use_cache=use_cache)
     tgt_in = np.concatenate([[[1]], ids[:, :-1]], axis=1)
     _, weights = model(src[:1], tgt_in, need_weights=True)
-    want = weights["decoder/layer1/cross_attention"].mean(axis=1)
+    stacked = model.layer_attention(weights)                                # (layers, 1, H, T, S)
+    assert stacked.shape[:3] == (2, 1, 4)
+    np.testing.assert_array_equal(model.layer_attention(weights, "encoder/self_attention")[0],
+                                  weights["encoder/layer0/self_attention"])
+    want = stacked[-1].mean(axis=1)
     np.testing.assert_allclose(attention, want, rtol=1e-10, atol=1e-14)
 
 

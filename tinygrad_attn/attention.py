@@ -82,7 +82,8 @@ class Record(Mapping):
     The arrays are copies, with no graph: recording never changes what a model computes.
     """
 
-    def __init__(self):
+    def __init__(self, only=None):
+        self._only = None if only is None else frozenset(only)
         self._weights: dict[str, np.ndarray] = {}
 
     def __getitem__(self, key: str) -> np.ndarray:
@@ -102,16 +103,16 @@ class Record(Mapping):
         shown = ", ".join(f"{key!r}: {value.shape}" for key, value in self._weights.items())
         return f"Record({{{shown}}})"
 
-    def _add(self, weights, fresh: bool = False) -> None:
-        key = "/".join(part for part in current_scope().split("/") if part not in _MECHANISM_SCOPES)
+    def _wants(self, key: str) -> bool:
+        return self._only is None or key in self._only
+
+    def _add(self, key: str, array: np.ndarray) -> None:
         if key in self._weights:
             count = 2
             while f"{key}#{count}" in self._weights:
                 count += 1
             key = f"{key}#{count}"
-        array = weights.numpy() if isinstance(weights, Tensor) else np.asarray(weights)
-        # A copy, unless the array is the record's own: a graph's buffers may change later.
-        self._weights[key] = array if fresh else np.array(array)
+        self._weights[key] = array
 
 
 _records: list[Record] = []          # the open record() blocks, innermost last
@@ -124,6 +125,9 @@ class record:
         ...     logits, _ = model(src, tgt_in)
         >>> weights["decoder/layer1/cross_attention"].shape        # (B, H, T, S)
 
+    ``only``: the keys to keep (e.g. ``["decoder/layer1/cross_attention"]``); other calls
+    are not recorded, and the fused ones among them rebuild nothing.
+
     Calls that build the weights anyway (``need_weights=True``) hand them over.  Calls on
     the fused path (``scaled_dot_product(..., need_weights=False)``, which ``multi_head`` and
     the Transformer layers take) still never build them in the graph: the fused node keeps
@@ -132,8 +136,11 @@ class record:
     outputs are those of the unrecorded call.  See ``Record`` for the keys.
     """
 
+    def __init__(self, only=None):
+        self._only = only
+
     def __enter__(self) -> Record:
-        self._record = Record()
+        self._record = Record(self._only)
         _records.append(self._record)
         return self._record
 
@@ -141,16 +148,28 @@ class record:
         _records.remove(self._record)
 
 
-def _recorded(weights, fresh: bool = False) -> None:
-    """Hand a call's weights to the innermost open record, if any."""
-    if _records:
-        _records[-1]._add(weights, fresh)
+def _wanted() -> tuple[Record | None, str]:
+    """The innermost open record and the current call's key, if that record keeps it."""
+    if not _records:
+        return None, ""
+    key = "/".join(part for part in current_scope().split("/") if part not in _MECHANISM_SCOPES)
+    return (_records[-1], key) if _records[-1]._wants(key) else (None, "")
+
+
+def _recorded(weights: Tensor) -> None:
+    """Hand a copy of a call's weights to the innermost open record, if it keeps them (a
+    copy: the graph's buffers may change later)."""
+    target, key = _wanted()
+    if target is not None:
+        target._add(key, np.array(weights.numpy()))
 
 
 def _fused_sdpa(inputs, scale: float, causal: bool, single: bool) -> Tensor:
-    """The fused node; inside a record() block, its weights are rebuilt and recorded (without
-    the T_q axis for ``single`` query rows, as the unfused call returns them)."""
-    if not _records:
+    """The fused node; inside a record() block that keeps this call, its weights are rebuilt
+    and recorded (without the T_q axis for ``single`` query rows, as the unfused call
+    returns them)."""
+    target, key = _wanted()
+    if target is None:
         return ScaledDotProduct.apply(*inputs, scale=scale, causal=causal)
     outer, ScaledDotProduct.kept = ScaledDotProduct.kept, []
     try:
@@ -159,7 +178,7 @@ def _fused_sdpa(inputs, scale: float, causal: bool, single: bool) -> Tensor:
     finally:
         ScaledDotProduct.kept = outer
     weights = context.backend.to_numpy(op.weights())          # a new array, on the host
-    _recorded(weights[..., 0, :] if single else weights, fresh=True)
+    target._add(key, weights[..., 0, :] if single else weights)
     return context
 
 

@@ -82,8 +82,8 @@ def heatmap(weights, src_tokens, tgt_tokens, path=None, title=None, *, backend=N
         PosixPath('attention.svg')
         >>> svg_text = ta.viz.heatmap(np.eye(3), list("abc"), list("xyz"))
         >>> _, weights = model(src, tgt_in, need_weights=True)        # a Transformer
-        >>> grid = np.stack([weights[f"decoder/layer{i}/cross_attention"][0] for i in range(2)])
-        >>> ta.viz.heatmap(grid, source, rows, "heads.svg")           # 2 layers x H heads
+        >>> grid = model.layer_attention(weights)[:, 0]               # (layers, H, T, S)
+        >>> ta.viz.heatmap(grid, source, rows, "heads.svg")           # a panel each
     """
     grid = _grid(weights, row_names, column_names)
     if grid is not None:

@@ -122,9 +122,7 @@ def _cross_attention_grid(model, info, source: list, tokens: list, rows: int):
     tgt_in = np.array([[ta.data.START] + output[: rows - 1]])
     with ta.no_grad():
         _, weights = model(src, tgt_in, need_weights=True)
-    scopes = ta.scopes
-    return np.stack([weights[f"{scopes.DECODER}/{scopes.layer(i)}/{scopes.CROSS_ATTENTION}"][0]
-                     for i in range(len(model.transformer.decoder.layers))])
+    return model.layer_attention(weights)[:, 0]
 
 
 def _heatmap_path(path: str, index: int, count: int) -> Path:

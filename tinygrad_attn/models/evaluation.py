@@ -17,7 +17,7 @@ from ..functional import cross_entropy
 from .seq2seq import Seq2Seq
 from .transformer import Transformer
 
-Model = Seq2Seq | Transformer
+Model = Seq2Seq | Transformer          # what decodes, evaluates, trains and checkpoints
 
 __all__ = ["evaluate", "decode", "translate", "translate_tokens", "validation_loss"]
 

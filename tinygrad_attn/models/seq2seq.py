@@ -370,12 +370,12 @@ def _ids(x, what: str) -> np.ndarray:
 
 
 def _memory_rows(memory: Memory, rows: np.ndarray) -> Memory:
-    """Rows ``rows`` of a memory (no gradient: decoding)."""
+    """Rows ``rows`` of a memory, its initial states included (no gradient: decoding)."""
     def take(x):
         return None if x is None else Tensor(x.numpy()[rows], dtype=x.dtype, device=x.device)
 
     return Memory(take(memory.keys), take(memory.keys_proj), memory.mask[rows], take(memory.key_mask),
-                  memory.states)
+                  [_select(state, rows) for state in memory.states])
 
 
 def _select(state, index: np.ndarray):

@@ -1,5 +1,6 @@
-"""Training a Seq2Seq or a Transformer: teacher forcing with Adam, validation, the best weights kept, early
-stopping, a learning-rate schedule, gradient clipping, a log, and runs that resume exactly.
+"""Training a Seq2Seq or a Transformer: teacher forcing with Adam, validation, the best
+weights kept, early stopping, a learning-rate schedule, gradient clipping, a log, and runs
+that resume exactly.
 
     task = ta.data.load("dates")
     model = ta.models.Seq2Seq(task.src_vocab, task.tgt_vocab, hidden=128)
@@ -35,11 +36,7 @@ from .. import data, nn, optim
 from .. import random as _random
 from ..serialize import write_text
 from .checkpoint import load_checkpoint, save_checkpoint
-from .evaluation import evaluate, validation_loss
-from .seq2seq import Seq2Seq
-from .transformer import Transformer
-
-Model = Seq2Seq | Transformer
+from .evaluation import Model, evaluate, validation_loss
 
 __all__ = ["train", "SCHEDULES", "log_path"]
 

@@ -145,6 +145,15 @@ class Transformer(nn.Module):
                 logits = self.out(h)
         return logits, weights
 
+    def layer_attention(self, weights, sublayer: str = scopes.CROSS_ATTENTION) -> np.ndarray:
+        """One sublayer's weights from every layer, stacked: (layers, B, H, T_q, T_k), from
+        what ``forward(..., need_weights=True)`` returned.  ``sublayer``: "cross_attention",
+        "self_attention" (the decoder's) or "encoder/self_attention"."""
+        side, _, name = sublayer.rpartition("/")
+        side = side or scopes.DECODER
+        stack = self.transformer.encoder if side == scopes.ENCODER else self.transformer.decoder
+        return np.stack([weights[_key(side, scopes.layer(i), name)] for i in range(len(stack.layers))])
+
     def loss(self, src, tgt_in, tgt_out, label_smoothing: float = 0.0) -> Tensor:
         """Mean cross-entropy of the teacher-forced logits against ``tgt_out``, padding ignored."""
         logits, _ = self(src, tgt_in)
@@ -197,8 +206,10 @@ class Transformer(nn.Module):
         """One step from the previous ids (N,): (log-probabilities (N, V), the last decoder
         layer's cross-attention averaged over heads (N, S), the next state)."""
         prefix = np.concatenate([state.prefix, tokens[:, None]], axis=1)          # (N, t + 1)
-        last = scopes.layer(len(self.transformer.decoder.layers) - 1)
-        with scope(scopes.DECODER), scope(scopes.step(t)), attention_record() as weights:
+        # Only the last layer's cross-attention: the other calls rebuild no weights.
+        last = len(self.transformer.decoder.layers) - 1
+        key = _key(scopes.DECODER, scopes.step(t), scopes.layer(last), scopes.CROSS_ATTENTION)
+        with scope(scopes.DECODER), scope(scopes.step(t)), attention_record(only=[key]) as weights:
             if state.use_cache:
                 h = self._cached_step(tokens[:, None], t, state.memory, state.memory_mask, state.caches)
             else:
@@ -206,8 +217,7 @@ class Transformer(nn.Module):
                                              memory_key_mask=state.memory_mask, causal=True)[:, -1:]
             log_probs = np.array(self.out(h).log_softmax(-1).numpy()[:, 0], dtype=np.float64)   # (N, V)
         log_probs[:, [PAD, START]] = -np.inf
-        cross = weights[f"{scopes.DECODER}/{scopes.step(t)}/{last}/{scopes.CROSS_ATTENTION}"]
-        attention = cross[:, :, -1].mean(axis=1)                                   # (N, S)
+        attention = weights[key][:, :, -1].mean(axis=1)                            # (N, S)
         return log_probs, attention, _State(state.memory, state.memory_mask, state.caches, prefix,
                                             state.use_cache)
 
@@ -230,10 +240,16 @@ class Transformer(nn.Module):
         return x if decoder.norm is None else decoder.norm(x)
 
 
+def _key(*scope_names: str) -> str:
+    """The key ``ta.attention.record`` files a call under: its scope path."""
+    return "/".join(scope_names)
+
+
 @dataclass
 class _State:
-    """A decode of N rows: the memory (N, S, E) and its mask, each decoder layer's cached
-    keys and values (N, H, t, D), and the ids so far (N, t + 1), ``<start>`` first."""
+    """A decode of N rows before step t: the memory (N, S, E) and its mask, each decoder
+    layer's cached keys and values (N, H, t, D), and the ids fed so far (N, t), ``<start>``
+    first."""
 
     memory: Tensor
     memory_mask: np.ndarray
