@@ -44,21 +44,18 @@ Run:  .venv/bin/python bench/attention.py [--quick] [--repeats 7] [--threads N] 
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import os
 import platform
-import pstats
 import statistics
 import sys
 import time
-from collections import defaultdict
 
 import numpy as np
+from profiling import profile_step
 from timing import THREAD_ENV, cpu_model, cpu_seconds, others_note, run_alternating, set_threads
 
 import tinygrad_attn as ta
-from tinygrad_attn.compiler import available_devices, get_backend
+from tinygrad_attn.compiler import available_devices
 from tinygrad_attn.nn import Parameter
 
 try:
@@ -413,143 +410,12 @@ def bench_sdpa(shapes, repeats: int, budget_s: float) -> None:
 # ---------------------------------------------------------------- profile
 
 
-def describe(arrays) -> str:
-    return " ".join("x".join(map(str, a.shape)) or "()" for a in arrays if hasattr(a, "shape"))
-
-
-def _minor_faults() -> int | None:
-    try:
-        import resource
-    except ImportError:
-        return None
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
 def profile_mha(steps: int) -> None:
-    """One MHA forward+backward of ours (cpu, need_weights=False), broken down by op and by
-    kernel: each Op's forward/backward and each backend kernel is wrapped with a timer."""
+    """One MHA forward+backward of ours (cpu, need_weights=False), broken down by op and by kernel."""
     x, g = mha_inputs()
     m = ours_mha(torch_mha().state_dict() if torch else None, "cpu")
     step, _ = ours_mha_step(m, x, g, "cpu", False)
-    for _ in range(3):
-        step()
-    faults = _minor_faults()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    plain_ms = (time.perf_counter() - t0) / steps * 1e3
-    faults = (_minor_faults() - faults) / steps if faults is not None else None
-
-    op_time: dict[tuple, float] = defaultdict(float)
-    op_calls: dict[tuple, int] = defaultdict(int)
-    kernel_time: dict[tuple, float] = defaultdict(float)
-    kernel_calls: dict[tuple, int] = defaultdict(int)
-    current: list[tuple] = []
-
-    def wrap_op(cls):
-        forward, backward = cls.forward, cls.backward
-
-        def timed_forward(self, *inputs):
-            key = (cls.name, describe(inputs), self.attrs_text()[:40])
-            self.__dict__["_bench_key"] = key
-            current.append(("fwd",) + key)
-            t = time.perf_counter()
-            try:
-                return forward(self, *inputs)
-            finally:
-                op_time[current[-1]] += time.perf_counter() - t
-                op_calls[current[-1]] += 1
-                current.pop()
-
-        def timed_backward(self, dy):
-            current.append(("bwd",) + self.__dict__.get("_bench_key", (cls.name, "?", "")))
-            t = time.perf_counter()
-            try:
-                return backward(self, dy)
-            finally:
-                op_time[current[-1]] += time.perf_counter() - t
-                op_calls[current[-1]] += 1
-                current.pop()
-
-        cls.forward, cls.backward = timed_forward, timed_backward
-        return forward, backward
-
-    def wrap_kernel(kname, fn):
-        def timed(*args, **kwargs):
-            t = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                where = current[-1] if current else ("-", "outside ops", "", "")
-                kernel_time[(where, kname)] += time.perf_counter() - t
-                kernel_calls[(where, kname)] += 1
-        return timed
-
-    backend = get_backend("cpu")
-    originals_ops = {cls: wrap_op(cls) for cls in ta.ops.registry.values()}
-    originals_kernels = {}
-    for kname in backend.kernel_names():
-        originals_kernels[kname] = getattr(backend, kname)
-        setattr(backend, kname, wrap_kernel(kname, originals_kernels[kname]))
-    try:
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        wrapped_ms = (time.perf_counter() - t0) / steps * 1e3
-    finally:
-        for cls, (forward, backward) in originals_ops.items():
-            cls.forward, cls.backward = forward, backward
-        for kname, fn in originals_kernels.items():
-            setattr(backend, kname, fn)
-
-    print(f"\n== profile: ours[cpu] MHA forward+backward, need_weights=False, {steps} steps ==")
-    print(f"step: {plain_ms:.1f} ms plain, {wrapped_ms:.1f} ms with timers")
-    if faults is not None:
-        print(f"minor page faults per step: {faults:.0f} (~{faults * 4 / 1024:.0f} MiB of fresh pages "
-              f"the allocator took from the OS; each one is paid inside the op that allocated)")
-    in_ops = sum(op_time.values()) / steps * 1e3
-    print(f"\nby op (an op's time includes its kernels), ms per step; "
-          f"outside any op (autograd walk, grad accumulation, Python): {wrapped_ms - in_ops:.1f} ms")
-    print(f"{'phase':<6}{'op':<14}{'input shapes':<38}{'attrs':<26}{'calls':>6}{'ms':>8}{'%':>6}")
-    for key, secs in sorted(op_time.items(), key=lambda kv: -kv[1]):
-        phase, name, shapes, attrs = key
-        ms = secs / steps * 1e3
-        if ms < 0.05:
-            continue
-        print(f"{phase:<6}{name:<14}{shapes[:37]:<38}{attrs[:25]:<26}{op_calls[key] // steps:>6}"
-              f"{ms:>8.2f}{100 * ms / wrapped_ms:>6.1f}")
-
-    print("\nby kernel, summed over calling ops, ms per step")
-    per_kernel: dict[str, float] = defaultdict(float)
-    per_kernel_calls: dict[str, int] = defaultdict(int)
-    for (_, kname), secs in kernel_time.items():
-        per_kernel[kname] += secs
-        per_kernel_calls[kname] += kernel_calls[(_, kname)]
-    print(f"{'kernel':<18}{'calls':>6}{'ms':>8}{'%':>6}")
-    for kname, secs in sorted(per_kernel.items(), key=lambda kv: -kv[1]):
-        ms = secs / steps * 1e3
-        if ms >= 0.05:
-            print(f"{kname:<18}{per_kernel_calls[kname] // steps:>6}{ms:>8.2f}"
-                  f"{100 * ms / wrapped_ms:>6.1f}")
-
-    print("\nby (op, kernel), top 20, ms per step")
-    print(f"{'phase':<6}{'op':<14}{'input shapes':<38}{'kernel':<16}{'calls':>6}{'ms':>8}")
-    ranked = sorted(kernel_time.items(), key=lambda kv: -kv[1])[:20]
-    for ((phase, name, shapes, _), kname), secs in ranked:
-        print(f"{phase:<6}{name:<14}{shapes[:37]:<38}{kname:<16}"
-              f"{kernel_calls[((phase, name, shapes, _), kname)] // steps:>6}{secs / steps * 1e3:>8.2f}")
-
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(steps):
-        step()
-    profiler.disable()
-    text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(15)
-    print(f"\ncProfile, {steps} steps, top 15 by own time:")
-    lines = text.getvalue().splitlines()
-    start = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
-    print("\n".join(line for line in lines[start:] if line.strip()))
+    profile_step(step, "ours[cpu] MHA forward+backward, need_weights=False", steps)
 
 
 # ---------------------------------------------------------------- main

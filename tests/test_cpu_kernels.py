@@ -73,6 +73,39 @@ def test_sdpa_online_softmax_across_key_blocks(small_blocks, t_q, t_k, masked, c
         np.testing.assert_allclose(got, want, **TOL[dtype])
 
 
+@settings(deadline=None, max_examples=60)
+@given(n=st.integers(1, 4), t_q=st.integers(1, 9), t_k=st.integers(1, 9), d=st.integers(1, 5),
+       mask_kind=st.sampled_from(["none", "shared", "per-entry"]), causal=st.booleans(),
+       parallel=st.booleans(), dtype=st.sampled_from([np.float32, np.float64]),
+       seed=st.integers(0, 2**32 - 1))
+def test_sdpa_small_heads_equal_the_reference(n, t_q, t_k, d, mask_kind, causal, parallel, dtype, seed):
+    """Below SDPA_KERNEL_MIN the one-sweep-per-head kernels run (serial, or heads in
+    parallel): outputs, log-sum-exps and all three gradients equal the reference's, with
+    rows that see nothing (every key masked) giving 0 and lse -inf.  (The op answers empty
+    query or key sets itself, without a kernel.)"""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.normal(size=(n, t, d)).astype(dtype) for t in (t_q, t_k, t_k))
+    mask = {"none": None, "shared": rng.random((1, t_q, t_k)) < 0.6,
+            "per-entry": rng.random((n, t_q, t_k)) < 0.6}[mask_kind]
+    assert n * t_q * t_k < attention.SDPA_KERNEL_MIN
+    threshold = 0 if parallel else 2**62
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(attention, "SDPA_SMALL_PARALLEL_MIN", threshold)
+        o, lse = attention.sdpa(q, k, v, mask, 0.7, causal)
+        o_ref, lse_ref = reference.sdpa(q, k, v, mask, 0.7, causal)
+        np.testing.assert_allclose(o, o_ref, **TOL[dtype])
+        np.testing.assert_array_equal(np.isfinite(lse), np.isfinite(lse_ref))
+        np.testing.assert_allclose(lse[np.isfinite(lse)], lse_ref[np.isfinite(lse_ref)], **TOL[dtype])
+        do = rng.normal(size=o.shape).astype(dtype)
+        expected = reference.sdpa_back(q, k, v, o_ref, lse_ref, do, mask, 0.7, causal)
+        # The public kernel hands many queries' backward to the reference: test both.
+        for grads in (attention.sdpa_back(q, k, v, o, lse, do, mask, 0.7, causal),
+                      attention._sdpa_small_back(q, k, v, o, lse, do, mask, 0.7, causal)):
+            for got, want in zip(grads, expected, strict=True):
+                assert got.dtype == dtype
+                np.testing.assert_allclose(got, want, **TOL[dtype])
+
+
 @pytest.mark.parametrize("n, t_q, t_k, a", [(1, 1, 1, 1), (3, 1, 20, 128), (2, 37, 23, 17), (33, 2, 5, 64)])
 def test_additive_scores_float32_within_rounding_of_float64(loop, n, t_q, t_k, a):
     """Large sums, serial and parallel kernels: each float32 result is within a few float32

@@ -330,9 +330,152 @@ def _over_heads(work, n, *args):
         future.result()                 # re-raises a worker's error
 
 
-# Below this many scores (N * T_q * T_k) the reference's few numpy passes beat the kernels,
-# whose launches cost more than the work: (1, 128, 128) took 0.11 ms here against 0.08.
+# ---------------------------------------------------------------- small heads
+
+# Below this many scores (N * T_q * T_k) every head is small enough that BLAS calls and numpy
+# passes cost more than the arithmetic: a Transformer over 20-token sentences has N = 128
+# heads of 20 x 20 scores, and a decoding step one query per head.  There the kernels below
+# do everything in one sweep per head (scores, softmax, weighted sum; the backward's five
+# products likewise), in registers and one row of scratch, heads in parallel when there are
+# enough of them.  Measured against the reference's numpy passes (one thread, float32,
+# D = 32, 128 heads of 20 keys): forward 6x faster with 1 query, 1.2x with 20; backward 1.5-2x
+# faster with up to 4 queries but 1.5x slower with 20, where its five per-pair loops over D
+# lose to batched BLAS products: so backward keeps the reference beyond SDPA_SMALL_BACK_QUERIES.
 SDPA_KERNEL_MIN = 65536
+SDPA_SMALL_BACK_QUERIES = 4
+SDPA_SMALL_PARALLEL_MIN = 1 << 20      # scores x head size at a 10 us launch (parallel_min)
+
+
+@njit(cache=True, fastmath=FAST, nogil=True)
+def _dot(a, b):
+    total = _like(a[0], 0.0)
+    for d in range(a.shape[0]):
+        total += a[d] * b[d]
+    return total
+
+
+@njit(cache=True, fastmath=FAST, error_model="numpy")
+def _sdpa_small_head(n, q, k, v, mask, has_mask, causal, scale, o, lse, scores):
+    """Head n: o[n], lse[n] from q[n] (T_q, D), k[n], v[n]; ``scores`` a (T_k,) scratch row."""
+    t_q, t_k = q.shape[1], k.shape[1]
+    keep_all = mask[n if mask.shape[0] > 1 else 0]
+    for i in range(t_q):
+        q_i, o_i = q[n, i], o[n, i]
+        keep = keep_all[i if has_mask else 0]
+        stop = min(i + 1, t_k) if causal else t_k
+        m = _like(q_i[0], -np.inf)
+        for j in range(stop):
+            if has_mask and not keep[j]:
+                continue
+            e = _dot(q_i, k[n, j]) * scale
+            scores[j] = e
+            m = max(m, e)
+        for d in range(o_i.shape[0]):
+            o_i[d] = 0.0
+        if not math.isfinite(m):                     # nothing to attend to
+            lse[n, i] = -np.inf
+            continue
+        total = _like(m, 0.0)
+        for j in range(stop):
+            if has_mask and not keep[j]:
+                continue
+            p = _exp(scores[j] - m)
+            total += p
+            v_j = v[n, j]
+            for d in range(o_i.shape[0]):
+                o_i[d] += p * v_j[d]
+        inv = _like(m, 1.0) / total
+        for d in range(o_i.shape[0]):
+            o_i[d] *= inv
+        lse[n, i] = m + math.log(total)
+
+
+@njit(cache=True, nogil=True)
+def _sdpa_small_serial(q, k, v, mask, has_mask, causal, scale, o, lse):
+    scores = np.empty(k.shape[1], dtype=q.dtype)
+    for n in range(q.shape[0]):
+        _sdpa_small_head(n, q, k, v, mask, has_mask, causal, scale, o, lse, scores)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _sdpa_small_parallel(q, k, v, mask, has_mask, causal, scale, o, lse):
+    for n in prange(q.shape[0]):
+        scores = np.empty(k.shape[1], dtype=q.dtype)
+        _sdpa_small_head(np.int64(n), q, k, v, mask, has_mask, causal, scale, o, lse, scores)
+
+
+@njit(cache=True, fastmath=FAST, error_model="numpy")
+def _sdpa_small_back_head(n, q, k, v, o, lse, do, mask, has_mask, causal, scale, dq, dk, dv):
+    """Head n's gradients, each weight rebuilt from lse: p = exp(q.k scale - lse),
+    ds = p (do.v - do.o); dq += ds k scale, dk += ds q scale, dv += p do."""
+    t_q, t_k = q.shape[1], k.shape[1]
+    keep_all = mask[n if mask.shape[0] > 1 else 0]
+    for i in range(t_q):
+        q_i, do_i, dq_i = q[n, i], do[n, i], dq[n, i]
+        lse_i = lse[n, i]
+        if not math.isfinite(lse_i):                 # a row that saw nothing: no gradient
+            continue
+        keep = keep_all[i if has_mask else 0]
+        stop = min(i + 1, t_k) if causal else t_k
+        delta = _dot(do_i, o[n, i])
+        for j in range(stop):
+            if has_mask and not keep[j]:
+                continue
+            k_j, v_j, dk_j, dv_j = k[n, j], v[n, j], dk[n, j], dv[n, j]
+            p = _exp(_dot(q_i, k_j) * scale - lse_i)
+            ds = p * (_dot(do_i, v_j) - delta)
+            for d in range(dv_j.shape[0]):
+                dv_j[d] += p * do_i[d]
+            for d in range(q_i.shape[0]):
+                dq_i[d] += ds * k_j[d]
+                dk_j[d] += ds * q_i[d] * scale
+        for d in range(q_i.shape[0]):
+            dq_i[d] *= scale
+
+
+@njit(cache=True, nogil=True)
+def _sdpa_small_back_serial(q, k, v, o, lse, do, mask, has_mask, causal, scale, dq, dk, dv):
+    for n in range(q.shape[0]):
+        _sdpa_small_back_head(n, q, k, v, o, lse, do, mask, has_mask, causal, scale, dq, dk, dv)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _sdpa_small_back_parallel(q, k, v, o, lse, do, mask, has_mask, causal, scale, dq, dk, dv):
+    for n in prange(q.shape[0]):
+        _sdpa_small_back_head(np.int64(n), q, k, v, o, lse, do, mask, has_mask, causal, scale, dq, dk, dv)
+
+
+def _small_kernel(serial, parallel, q, k):
+    work = q.shape[0] * q.shape[1] * k.shape[1] * q.shape[2]
+    return parallel if q.shape[0] > 1 and work >= _scaled(SDPA_SMALL_PARALLEL_MIN) else serial
+
+
+def _small_mask(mask):
+    return (_NO_MASK[None], False) if mask is None else (np.ascontiguousarray(mask), True)
+
+
+def _sdpa_small(q, k, v, mask, scale, causal):
+    q, k, v = _contiguous(q, k, v)
+    o = np.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=q.dtype)
+    lse = np.empty(q.shape[:2], dtype=q.dtype)
+    if q.shape[0] and q.shape[1]:
+        mask, has_mask = _small_mask(mask)
+        _small_kernel(_sdpa_small_serial, _sdpa_small_parallel, q, k)(
+            q, k, v, mask, has_mask, causal, q.dtype.type(scale), o, lse)
+    return o, lse
+
+
+def _sdpa_small_back(q, k, v, o, lse, do, mask, scale, causal):
+    q, k, v, o, lse, do = _contiguous(q, k, v, o, lse, do)
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    if q.shape[0] and q.shape[1] and k.shape[1]:
+        mask, has_mask = _small_mask(mask)
+        _small_kernel(_sdpa_small_back_serial, _sdpa_small_back_parallel, q, k)(
+            q, k, v, o, lse, do, mask, has_mask, causal, q.dtype.type(scale), dq, dk, dv)
+    return dq, dk, dv
+
+
+# ---------------------------------------------------------------- entry points
 
 
 def sdpa(q, k, v, mask, scale, causal):
@@ -343,7 +486,7 @@ def sdpa(q, k, v, mask, scale, causal):
     n, t_q, _ = q.shape
     t_k, d_v = k.shape[1], v.shape[2]
     if n * t_q * t_k < SDPA_KERNEL_MIN:
-        return reference.sdpa(q, k, v, mask, scale, causal)
+        return _sdpa_small(q, k, v, mask, scale, causal)
     q, k, v = _contiguous(q, k, v)
     o = np.empty((n, t_q, d_v), dtype=q.dtype)
     lse = np.empty((n, t_q), dtype=q.dtype)
@@ -355,6 +498,8 @@ def sdpa(q, k, v, mask, scale, causal):
 def sdpa_back(q, k, v, o, lse, do, mask, scale, causal):
     """Gradients head by head, each (query, key) block's weights rebuilt from lse."""
     if q.shape[0] * q.shape[1] * k.shape[1] < SDPA_KERNEL_MIN:
+        if q.shape[1] <= SDPA_SMALL_BACK_QUERIES:
+            return _sdpa_small_back(q, k, v, o, lse, do, mask, scale, causal)
         return reference.sdpa_back(q, k, v, o, lse, do, mask, scale, causal)
     q, k, v, o, lse, do = _contiguous(q, k, v, o, lse, do)
     mask = None if mask is None else np.ascontiguousarray(mask)

@@ -1,8 +1,9 @@
 """Layer normalisation as one kernel over rows instead of six array-wide numpy passes with a
 temporary each: per row, the forward's mean and variance (float64 sums) and the output, the
 backward's two row sums and dx, rows in parallel; the weight's and bias's gradients are
-column sums, one more serial sweep.  bench/layer_norm.py: 1.7-1.9x the six composed nodes,
-2-3.8x slower than torch's kernel (bench/RESULTS.md)."""
+column sums, added in the same sweep when the rows run serially and in one more serial sweep
+when they run in parallel.  The row sums run in float64 with reassociation allowed, so they
+vectorise (a strict left-to-right sum is one dependent add per entry: 2x slower)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from ..numba_support import FAST
 from .softmax import _pick
 
 
-@njit(cache=True, fastmath=False)
+@njit(cache=True, fastmath=FAST)
 def _layer_norm_row(r, x, weight, bias, has_weight, has_bias, eps, y, mean, rstd):
     row, out = x[r], y[r]
     n = row.shape[0]
@@ -37,8 +39,10 @@ def _layer_norm_row(r, x, weight, bias, has_weight, has_bias, eps, y, mean, rstd
         out[j] = v
 
 
-@njit(cache=True, fastmath=False)
-def _layer_norm_back_row(r, dy, x, mean, rstd, weight, has_weight, dx):
+@njit(cache=True, fastmath=FAST)
+def _layer_norm_back_row(r, dy, x, mean, rstd, weight, has_weight, dx, affine, dweight, dbias):
+    """dx of row r; with ``affine`` also adds the row's terms of the weight's and bias's
+    gradients (the serial sweep: rows run in parallel would race on them)."""
     g_row, x_row, out = dy[r], x[r], dx[r]
     n = x_row.shape[0]
     m, s = np.float64(mean[r]), np.float64(rstd[r])
@@ -49,8 +53,12 @@ def _layer_norm_back_row(r, dy, x, mean, rstd, weight, has_weight, dx):
         sum_gx += g * (x_row[j] - m) * s
     mean_g, mean_gx = sum_g / n, sum_gx / n
     for j in range(n):
+        xhat = (x_row[j] - m) * s
         g = g_row[j] * weight[j] if has_weight else g_row[j]
-        out[j] = s * (g - mean_g - (x_row[j] - m) * s * mean_gx)
+        out[j] = s * (g - mean_g - xhat * mean_gx)
+        if affine:
+            dweight[j] += g_row[j] * xhat
+            dbias[j] += g_row[j]
 
 
 @njit(cache=True)
@@ -65,19 +73,7 @@ def _layer_norm_parallel(x, weight, bias, has_weight, has_bias, eps, y, mean, rs
         _layer_norm_row(np.int64(r), x, weight, bias, has_weight, has_bias, eps, y, mean, rstd)
 
 
-@njit(cache=True)
-def _layer_norm_back_serial(dy, x, mean, rstd, weight, has_weight, dx):
-    for r in range(x.shape[0]):
-        _layer_norm_back_row(r, dy, x, mean, rstd, weight, has_weight, dx)
-
-
-@njit(cache=True, parallel=True)
-def _layer_norm_back_parallel(dy, x, mean, rstd, weight, has_weight, dx):
-    for r in prange(x.shape[0]):
-        _layer_norm_back_row(np.int64(r), dy, x, mean, rstd, weight, has_weight, dx)
-
-
-@njit(cache=True)
+@njit(cache=True, fastmath=FAST)
 def _affine_grads(dy, x, mean, rstd, dweight, dbias):
     """Column sums of dy xhat and dy, row after row (contiguous, so the inner loop vectorises),
     accumulated in the arrays' dtype as numpy's sum is."""
@@ -86,6 +82,19 @@ def _affine_grads(dy, x, mean, rstd, dweight, dbias):
         for j in range(x.shape[1]):
             dweight[j] += dy[r, j] * (x[r, j] - m) * s
             dbias[j] += dy[r, j]
+
+
+@njit(cache=True)
+def _layer_norm_back_serial(dy, x, mean, rstd, weight, has_weight, dx, dweight, dbias):
+    for r in range(x.shape[0]):
+        _layer_norm_back_row(r, dy, x, mean, rstd, weight, has_weight, dx, True, dweight, dbias)
+
+
+@njit(cache=True, parallel=True)
+def _layer_norm_back_parallel(dy, x, mean, rstd, weight, has_weight, dx, dweight, dbias):
+    for r in prange(x.shape[0]):
+        _layer_norm_back_row(np.int64(r), dy, x, mean, rstd, weight, has_weight, dx, False, dweight, dbias)
+    _affine_grads(dy, x, mean, rstd, dweight, dbias)
 
 
 def _vector(p, like):
@@ -114,8 +123,7 @@ def layer_norm_back(dy, x, mean, rstd, weight):
     dbias = np.zeros(x.shape[1], x.dtype)
     if x.size:
         _pick(_layer_norm_back_serial, _layer_norm_back_parallel, x)(
-            dy, x, mean, rstd, _vector(weight, x), weight is not None, dx)
-        _affine_grads(dy, x, mean, rstd, dweight, dbias)
+            dy, x, mean, rstd, _vector(weight, x), weight is not None, dx, dweight, dbias)
     return dx, (dweight if weight is not None else None), dbias
 
 

@@ -92,7 +92,7 @@ class Linear(Op):
     backward is three products: dx = dy W, dW = dy^T x, db = the rows of dy summed.
     """
 
-    kernels = ("add", "cat", "matmul", "matmul_nt", "matmul_tn", "reshape", "sum")
+    kernels = ("add_", "cat", "matmul", "matmul_nt", "matmul_tn", "reshape", "sum")
 
     @staticmethod
     def symbolic(sp, x, weight, bias=None):
@@ -111,7 +111,7 @@ class Linear(Op):
         x2 = k.reshape(x, (-1, dim(x, -1)))                           # (N, in)
         y2 = k.matmul_nt(x2, weight)                                   # (N, out)
         if bias is not None:
-            y2 = k.add(y2, bias)
+            y2 = k.add_(y2, bias)             # into the product's own new array: no second one
         self.saved = (x2, weight, x.shape)
         return k.reshape(y2, x.shape[:-1] + (weight.shape[0],))
 

@@ -8,6 +8,8 @@ log_softmax (the log of those zeros), never NaN, and finite gradients.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..autograd import DeferredGrad, Example, Op, register
@@ -369,7 +371,7 @@ class LayerNorm(Op):
             if p is not None and tuple(p.shape) != shape:
                 self.fail(f"{name} must have the normalized_shape {shape}, got {tuple(p.shape)}")
         k = self.backend
-        n = int(np.prod(shape))
+        n = math.prod(shape)
         x2 = k.reshape(x, (-1, n))                                      # (M, N)
         flat = [None if p is None else k.reshape(p, (n,)) for p in (weight, bias)]
         y2, mean, rstd = k.layer_norm(x2, flat[0], flat[1], float(self.epsilon))
