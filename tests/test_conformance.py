@@ -166,7 +166,7 @@ def attention(rng, dtype, shape):
     o, lse = REFERENCE.sdpa(q, k, v, mask, 0.6, causal)
     do = rng.normal(size=o.shape).astype(dtype)
     return [("sdpa", (q, k, v, mask, 0.6, causal)), ("sdpa_back", (q, k, v, o, lse, do, mask, 0.6, causal)),
-            ("sdpa_weights", (q, k, lse, mask, 0.6, causal))]
+            ("sdpa_weights", (q, k, lse, mask, 0.6, causal)), ("sdpa", (q, k, v, mask, 0.6, causal, True))]
 
 
 def additive(rng, dtype, shape):

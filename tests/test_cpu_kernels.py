@@ -92,8 +92,11 @@ def test_sdpa_small_heads_equal_the_reference(n, t_q, t_k, d, mask_kind, causal,
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(attention, "SDPA_SMALL_PARALLEL_MIN", threshold)
         o, lse = attention.sdpa(q, k, v, mask, 0.7, causal)
-        o_ref, lse_ref = reference.sdpa(q, k, v, mask, 0.7, causal)
+        o_ref, lse_ref, weights_ref = reference.sdpa(q, k, v, mask, 0.7, causal, True)
         np.testing.assert_allclose(o, o_ref, **TOL[dtype])
+        *same, weights = attention.sdpa(q, k, v, mask, 0.7, causal, True)
+        np.testing.assert_array_equal(same[0], o)
+        np.testing.assert_allclose(weights, weights_ref, **TOL[dtype])
         np.testing.assert_array_equal(np.isfinite(lse), np.isfinite(lse_ref))
         np.testing.assert_allclose(lse[np.isfinite(lse)], lse_ref[np.isfinite(lse_ref)], **TOL[dtype])
         do = rng.normal(size=o.shape).astype(dtype)
@@ -160,8 +163,9 @@ def test_row_kernels_serial_and_parallel_loops(loop, rows, dtype):
        causal=st.booleans(), dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**32 - 1))
 def test_sdpa_weights_rebuilt_from_lse_are_the_softmax(kernels_at_any_size, t_q, t_k, masked, causal, dtype,
                                                         seed):
-    """The kernel's weights equal the reference's and the textbook masked softmax; a row with
-    nothing to attend to is all zeros."""
+    """The kernel's weights, rebuilt from lse or written by the forward (``with_weights``),
+    equal the reference's and the textbook masked softmax; a row with nothing to attend to
+    is all zeros; the forward's other outputs do not change."""
     rng = np.random.default_rng(seed)
     q, k, v = (rng.normal(size=(3, t, 4)).astype(dtype) for t in (t_q, t_k, t_k))
     mask = None if masked is None else rng.random((1 if masked == "shared" else 3, t_q, t_k)) < 0.6
@@ -176,6 +180,11 @@ def test_sdpa_weights_rebuilt_from_lse_are_the_softmax(kernels_at_any_size, t_q,
         want = np.exp(s - s.max(axis=-1, keepdims=True))
         want = np.nan_to_num(want / want.sum(axis=-1, keepdims=True))
     np.testing.assert_allclose(got, want, **TOL[dtype])
+    o, lse_kernel = attention.sdpa(q, k, v, mask, 0.7, causal)
+    *same, written = attention.sdpa(q, k, v, mask, 0.7, causal, True)
+    np.testing.assert_allclose(written, want, **TOL[dtype])
+    np.testing.assert_array_equal(same[0], o)
+    np.testing.assert_array_equal(same[1], lse_kernel)
 
 
 @pytest.mark.parametrize("causal", [False, True])

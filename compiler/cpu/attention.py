@@ -255,7 +255,10 @@ def _matmul_into(out, a, b, first):
         out += a @ b
 
 
-def _sdpa_heads(q, k, v, mask, scale, causal, o, lse, heads):
+def _sdpa_heads(q, k, v, mask, scale, causal, o, lse, weights, heads):
+    """The blocked forward over ``heads``; with ``weights`` (N, T_q, T_k) and one key block,
+    each block's scores are computed into the weights' own rows, so the softmax the forward
+    takes anyway leaves them there (scaled by 1 / total at the end)."""
     for n in heads:
         keep, has_mask = _head_mask(mask, n)
         for q_block in _blocks(q.shape[1], SDPA_QUERY_BLOCK):
@@ -271,12 +274,19 @@ def _sdpa_heads(q, k, v, mask, scale, causal, o, lse, heads):
                 if not _visible(causal, q_block, k_block):
                     break
                 cols = slice(*k_block)
-                s = qb @ k[n, cols].T                                           # (b, K)
+                if weights is None:
+                    s = qb @ k[n, cols].T                                       # (b, K)
+                else:                                 # one key block: the whole rows
+                    s = np.matmul(qb, k[n, cols].T, out=weights[n, rows])
                 _sdpa_online(s, keep, has_mask, causal, q_block[0], k_block[0], m, total, alpha)
                 if k_block[0] > 0:
                     _sdpa_rescale(acc, alpha)
                 acc += s @ v[n, cols]
             _sdpa_finish(acc, m, total, lse[n, rows])
+            if weights is not None:
+                with np.errstate(divide="ignore"):
+                    inverse = np.where(total > 0, 1 / total, 0).astype(q.dtype)
+                weights[n, rows] *= inverse[:, None]
 
 
 def _sdpa_back_heads(q, k, v, o, lse, do, mask, scale, causal, dq, dk, dv, heads):
@@ -355,53 +365,65 @@ def _dot(a, b):
 
 
 @njit(cache=True, fastmath=FAST, error_model="numpy")
-def _sdpa_small_head(n, q, k, v, mask, has_mask, causal, scale, o, lse, scores):
-    """Head n: o[n], lse[n] from q[n] (T_q, D), k[n], v[n]; ``scores`` a (T_k,) scratch row."""
+def _sdpa_small_head(n, q, k, v, mask, has_mask, causal, scale, o, lse, scores, weights, has_weights):
+    """Head n: o[n], lse[n] from q[n] (T_q, D), k[n], v[n]; ``scores`` a (T_k,) scratch row,
+    or with ``has_weights`` the weights' own row, which then keeps exp(s - m) / total."""
     t_q, t_k = q.shape[1], k.shape[1]
     keep_all = mask[n if mask.shape[0] > 1 else 0]
     for i in range(t_q):
         q_i, o_i = q[n, i], o[n, i]
+        row = weights[n, i] if has_weights else scores
         keep = keep_all[i if has_mask else 0]
         stop = min(i + 1, t_k) if causal else t_k
         m = _like(q_i[0], -np.inf)
         for j in range(stop):
             if has_mask and not keep[j]:
+                row[j] = -np.inf
                 continue
             e = _dot(q_i, k[n, j]) * scale
-            scores[j] = e
+            row[j] = e
             m = max(m, e)
+        for j in range(stop, t_k):
+            row[j] = -np.inf
         for d in range(o_i.shape[0]):
             o_i[d] = 0.0
         if not math.isfinite(m):                     # nothing to attend to
             lse[n, i] = -np.inf
+            for j in range(t_k):
+                row[j] = 0.0
             continue
         total = _like(m, 0.0)
         for j in range(stop):
-            if has_mask and not keep[j]:
-                continue
-            p = _exp(scores[j] - m)
+            p = _exp(row[j] - m)                     # masked: exp(-inf) = 0
+            row[j] = p
             total += p
             v_j = v[n, j]
             for d in range(o_i.shape[0]):
                 o_i[d] += p * v_j[d]
+        for j in range(stop, t_k):
+            row[j] = 0.0
         inv = _like(m, 1.0) / total
         for d in range(o_i.shape[0]):
             o_i[d] *= inv
+        if has_weights:
+            for j in range(stop):
+                row[j] *= inv
         lse[n, i] = m + math.log(total)
 
 
 @njit(cache=True, nogil=True)
-def _sdpa_small_serial(q, k, v, mask, has_mask, causal, scale, o, lse):
+def _sdpa_small_serial(q, k, v, mask, has_mask, causal, scale, o, lse, weights, has_weights):
     scores = np.empty(k.shape[1], dtype=q.dtype)
     for n in range(q.shape[0]):
-        _sdpa_small_head(n, q, k, v, mask, has_mask, causal, scale, o, lse, scores)
+        _sdpa_small_head(n, q, k, v, mask, has_mask, causal, scale, o, lse, scores, weights, has_weights)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _sdpa_small_parallel(q, k, v, mask, has_mask, causal, scale, o, lse):
+def _sdpa_small_parallel(q, k, v, mask, has_mask, causal, scale, o, lse, weights, has_weights):
     for n in prange(q.shape[0]):
         scores = np.empty(k.shape[1], dtype=q.dtype)
-        _sdpa_small_head(np.int64(n), q, k, v, mask, has_mask, causal, scale, o, lse, scores)
+        _sdpa_small_head(np.int64(n), q, k, v, mask, has_mask, causal, scale, o, lse, scores, weights,
+                         has_weights)
 
 
 @njit(cache=True, fastmath=FAST, error_model="numpy")
@@ -454,15 +476,16 @@ def _small_mask(mask):
     return (_NO_MASK[None], False) if mask is None else (np.ascontiguousarray(mask), True)
 
 
-def _sdpa_small(q, k, v, mask, scale, causal):
+def _sdpa_small(q, k, v, mask, scale, causal, with_weights=False):
     q, k, v = _contiguous(q, k, v)
     o = np.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=q.dtype)
     lse = np.empty(q.shape[:2], dtype=q.dtype)
+    weights = np.zeros((q.shape[0], q.shape[1], k.shape[1]) if with_weights else (1, 1, 1), dtype=q.dtype)
     if q.shape[0] and q.shape[1]:
         mask, has_mask = _small_mask(mask)
         _small_kernel(_sdpa_small_serial, _sdpa_small_parallel, q, k)(
-            q, k, v, mask, has_mask, causal, q.dtype.type(scale), o, lse)
-    return o, lse
+            q, k, v, mask, has_mask, causal, q.dtype.type(scale), o, lse, weights, with_weights)
+    return (o, lse, weights) if with_weights else (o, lse)
 
 
 def _sdpa_small_back(q, k, v, o, lse, do, mask, scale, causal):
@@ -478,21 +501,27 @@ def _sdpa_small_back(q, k, v, o, lse, do, mask, scale, causal):
 # ---------------------------------------------------------------- entry points
 
 
-def sdpa(q, k, v, mask, scale, causal):
+def sdpa(q, k, v, mask, scale, causal, with_weights=False):
     """Flash-attention style, one head at a time: query blocks of SDPA_QUERY_BLOCK rows, key
     blocks of SDPA_KEY_BLOCK, an online softmax across key blocks (running max and sum,
     earlier output rescaled), and only the log-sum-exp kept for backward.  BLAS computes each
-    block's two products; Numba the softmax between them, in place."""
+    block's two products; Numba the softmax between them, in place.  ``with_weights``: the
+    weights too, written by the forward when one key block holds every key (else rebuilt
+    from lse after it)."""
     n, t_q, _ = q.shape
     t_k, d_v = k.shape[1], v.shape[2]
     if n * t_q * t_k < SDPA_KERNEL_MIN:
-        return _sdpa_small(q, k, v, mask, scale, causal)
+        return _sdpa_small(q, k, v, mask, scale, causal, with_weights)
+    if with_weights and t_k > SDPA_KEY_BLOCK:
+        o, lse = sdpa(q, k, v, mask, scale, causal)
+        return o, lse, sdpa_weights(q, k, lse, mask, scale, causal)
     q, k, v = _contiguous(q, k, v)
     o = np.empty((n, t_q, d_v), dtype=q.dtype)
     lse = np.empty((n, t_q), dtype=q.dtype)
     mask = None if mask is None else np.ascontiguousarray(mask)
-    _over_heads(_sdpa_heads, n, q, k, v, mask, q.dtype.type(scale), causal, o, lse)
-    return o, lse
+    weights = np.empty((n, t_q, t_k), dtype=q.dtype) if with_weights else None
+    _over_heads(_sdpa_heads, n, q, k, v, mask, q.dtype.type(scale), causal, o, lse, weights)
+    return (o, lse, weights) if with_weights else (o, lse)
 
 
 def sdpa_back(q, k, v, o, lse, do, mask, scale, causal):

@@ -350,11 +350,16 @@ def _sdpa_mask(mask):
     return (mask, True) if mask is not None else (_no_mask(3), False)
 
 
-def sdpa(q, k, v, mask, scale, causal):
+def sdpa(q, k, v, mask, scale, causal, with_weights=False):
     """Scaled dot-product attention without keeping the weights (see reference.sdpa):
     q (N, T_q, D), k (N, T_k, D), v (N, T_k, D_v), mask None or boolean (N or 1, T_q, T_k),
     True = may attend.  Returns (o (N, T_q, D_v), lse (N, T_q)); a row with nothing to
-    attend to gets o = 0 and lse = -inf."""
+    attend to gets o = 0 and lse = -inf.  ``with_weights``: the weights too, rebuilt from
+    lse after the forward (sdpa_weights): the forward kernel keeps each block's scores in
+    shared memory only."""
+    if with_weights:
+        o, lse = sdpa(q, k, v, mask, scale, causal)
+        return o, lse, sdpa_weights(q, k, lse, mask, scale, causal)
     n, t_q, d = q.shape
     d_v = v.shape[2]
     o = _empty((n, t_q, d_v), q.dtype)

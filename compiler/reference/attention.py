@@ -50,7 +50,7 @@ def _sdpa_allowed(mask, causal, start, stop, t_k):
     return allowed
 
 
-def sdpa(q, k, v, mask, scale, causal):
+def sdpa(q, k, v, mask, scale, causal, with_weights=False):
     """Scaled dot-product attention without keeping the weights.
 
     q (N, T_q, D), k (N, T_k, D), v (N, T_k, D_v); mask None or boolean (N or 1, T_q, T_k),
@@ -59,11 +59,15 @@ def sdpa(q, k, v, mask, scale, causal):
     weights.  Queries go one block at a time; each block sees every key, so its softmax is
     exact in one pass (no running rescaling).  A row with nothing to attend to gets o = 0
     and lse = -inf.
+
+    ``with_weights``: also return the weights (N, T_q, T_k), as sdpa_weights gives them,
+    written while they exist (for ``ta.attention.record``; backward never needs them).
     """
     n, t_q, _ = q.shape
     t_k = k.shape[1]
     o = np.empty((n, t_q, v.shape[2]), dtype=q.dtype)
     lse = np.empty((n, t_q), dtype=q.dtype)
+    weights = np.empty((n, t_q, t_k), dtype=q.dtype) if with_weights else None
     for start in range(0, t_q, SDPA_BLOCK):
         stop = min(start + SDPA_BLOCK, t_q)
         s = matmul_nt(q[:, start:stop] * q.dtype.type(scale), k)                # (N, b, T_k)
@@ -78,7 +82,9 @@ def sdpa(q, k, v, mask, scale, causal):
             lse[:, start:stop] = (m + np.log(total))[..., 0]
         total[total == 0] = 1
         o[:, start:stop] = np.matmul(p, v) / total                               # (N, b, D_v)
-    return o, lse
+        if with_weights:
+            weights[:, start:stop] = p / total
+    return (o, lse, weights) if with_weights else (o, lse)
 
 
 def sdpa_back(q, k, v, o, lse, do, mask, scale, causal):

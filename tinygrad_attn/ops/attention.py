@@ -203,21 +203,29 @@ class ScaledDotProduct(Op):
             return kb.zeros(batch + (t_q, dim(v, -1)), q.dtype)
         q3, k3, v3 = (kb.reshape(kb.broadcast_to(x, batch + x.shape[-2:]), (-1,) + x.shape[-2:])
                       for x in (q, k, v))                                    # (N, T, D)
-        o3, lse = kb.sdpa(q3, k3, v3, mask3, float(self.scale), bool(self.causal))
-        self.saved = (q3, k3, v3, o3, lse, mask3, (q.shape, k.shape, v.shape), batch)
-        if ScaledDotProduct.kept is not None:
+        self.kept_weights = None
+        if ScaledDotProduct.kept is None:
+            o3, lse = kb.sdpa(q3, k3, v3, mask3, float(self.scale), bool(self.causal))
+        else:         # a record keeps this call: the kernel writes the weights as it goes
+            o3, lse, self.kept_weights = kb.sdpa(q3, k3, v3, mask3, float(self.scale), bool(self.causal),
+                                                 True)
             ScaledDotProduct.kept.append(self)
+        self.saved = (q3, k3, v3, o3, lse, mask3, (q.shape, k.shape, v.shape), batch)
         return kb.reshape(o3, batch + (t_q, dim(v, -1)))
 
     def weights(self):
-        """The attention weights of the last forward, (..., T_q, T_k) on its device, rebuilt
-        from the saved log-sum-exp (one product and one exp; no second softmax)."""
+        """The attention weights of the last forward, (..., T_q, T_k) on its device: those
+        the kernel wrote during a forward that ``ScaledDotProduct.kept`` asked for, else
+        rebuilt from the saved log-sum-exp (one product and one exp; no second softmax)."""
         if self.saved[0] is None:
             _, (q_shape, k_shape, v_shape), _, dtype = self.saved
             batch = batch_shape(q_shape[:-2], k_shape[:-2], v_shape[:-2])
             return self.backend.zeros(batch + (q_shape[-2], k_shape[-2]), dtype)
         q3, k3, _, _, lse, mask3, _, batch = self.saved
-        p = self.backend.sdpa_weights(q3, k3, lse, mask3, float(self.scale), bool(self.causal))
+        p = getattr(self, "kept_weights", None)
+        if p is None:
+            p = self.backend.sdpa_weights(q3, k3, lse, mask3, float(self.scale), bool(self.causal))
+        self.kept_weights = None              # handed over once: the op keeps no (T_q, T_k) array
         return self.backend.reshape(p, batch + (dim(q3, -2), dim(k3, -2)))
 
     def backward(self, do):
