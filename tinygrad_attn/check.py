@@ -7,8 +7,9 @@
 
 Both checks contract a non-scalar output with a fixed random cotangent c and compare the
 gradient of L = sum(c * output) with what ``backward(c)`` accumulates.  ``symbolic`` replays
-the recorded graph op by op through each op's ``symbolic`` form on sympy symbols, so the
-reference derivative is exact; it also compares the forward values.  Every float leaf of the
+the recorded graph op by op through each op's ``symbolic`` form on sympy symbols: sympy
+differentiates every op exactly, and the chain rule over the graph, evaluated to 30 digits,
+gives the reference gradient; it also compares the forward values.  Every float leaf of the
 graph is checked: the inputs you pass and any parameters ``fn`` uses.
 """
 
@@ -213,6 +214,9 @@ def gradcheck(fn_or_op, *inputs, eps: float = 1e-6, atol: float = 1e-6, rtol: fl
 
 # ---------------------------------------------------------------- exact, with sympy
 
+_DIGITS = 30             # significant digits of every replayed value and derivative
+_FORMULA_NODES = 1000    # composed expressions larger than this (sympy tree nodes) are not printed
+
 
 def _symbols(sp, name: str, shape) -> np.ndarray:
     out = np.empty(shape, dtype=object)
@@ -232,30 +236,167 @@ def _constant(sp, array: np.ndarray) -> np.ndarray:
     return out
 
 
-def _replay(sp, root: Tensor, leaf_symbols: dict[int, np.ndarray]) -> np.ndarray:
-    """The graph of ``root`` evaluated on sympy expressions, op by op (no recursion)."""
-    values: dict[int, np.ndarray] = {}
-
-    def value_of(t: Tensor) -> np.ndarray:
-        key = id(t)
-        if key not in values:
-            values[key] = leaf_symbols[key] if key in leaf_symbols else _constant(sp, t.numpy())
-        return values[key]
-
-    for t in reversed(autograd.toposort(root)):
-        if t.node is None:
-            continue
-        args = [value_of(x) for x in t.node.inputs]
-        result = type(t.node.op).symbolic(sp, *args, **t.node.attrs)
-        values[id(t)] = np.asarray(result, dtype=object).reshape(t.shape)
-    return value_of(root)
-
-
-def _number(sp, expr) -> float:
-    value = sp.sympify(expr).evalf(30)
+def _exact(sp, expr, what: str):
+    """``expr`` evaluated to 30 significant digits (sympy raises the working precision until
+    they are right), refusing anything that is not a number."""
+    value = sp.sympify(expr).evalf(_DIGITS)
     if not value.is_number or value.has(sp.zoo, sp.nan):
-        raise ValueError(f"the exact derivative does not evaluate to a number here: {value}")
-    return float(value)
+        raise ValueError(f"the exact {what} does not evaluate to a number here: {value}")
+    return value
+
+
+def _tree_size(expr, symbol_sizes: dict) -> int:
+    """Nodes in ``expr``'s tree once each symbol is replaced by the tree it stands for."""
+    total, stack = 0, [expr]
+    while stack:
+        node = stack.pop()
+        if node.is_Symbol and node in symbol_sizes:
+            total += symbol_sizes[node]
+        else:
+            total += 1
+            stack.extend(node.args)
+    return total
+
+
+@dataclass
+class _Step:
+    """One node replayed on its own.
+
+    ``exprs`` are its output entries as sympy expressions of fresh symbols, one per input
+    entry that depends on a checked leaf (``wrt``: symbol -> (input id, index)); input
+    entries that do not (constants, masked-out scores) enter as numbers.  ``definitions``
+    (symbol, expression) are the subexpressions the entries share, as sympy's ``cse`` finds
+    them (a row's mean and variance in a layer norm, a softmax denominator), and ``reduced``
+    the entries written with them; ``point`` holds every symbol's 30-digit value.
+    """
+
+    exprs: np.ndarray
+    wrt: dict
+    definitions: list
+    reduced: list
+    point: dict
+
+
+@dataclass
+class _Replay:
+    """The graph of the checked function replayed node by node, inputs first."""
+
+    values: dict = field(default_factory=dict)    # tensor id -> 30-digit value of each entry
+    live: dict = field(default_factory=dict)      # tensor id -> which entries depend on a checked leaf
+    sizes: dict = field(default_factory=dict)     # tensor id -> tree size of each entry, composed
+    steps: dict = field(default_factory=dict)     # tensor id -> the _Step of the node that made it
+
+
+def _shared_subexpressions(sp, exprs: np.ndarray) -> tuple[list, list]:
+    definitions, reduced = sp.cse(list(exprs.flat), symbols=sp.numbered_symbols(cls=sp.Dummy, real=True))
+    if any(not isinstance(definition, sp.Expr) for _, definition in definitions):
+        # A shared condition (a Piecewise's x <= 0) has no derivative to chain through.
+        return [], list(exprs.flat)
+    return definitions, reduced
+
+
+def _replay(sp, order: list[Tensor]) -> _Replay:
+    """Each node's ``symbolic`` form on fresh symbols, evaluated at its inputs' values.
+
+    Composing the nodes into one expression per output entry (and differentiating that) is
+    exact too but cannot finish on a Transformer layer: softmax and layer norm put every
+    input entry into every output entry, so the tree multiplies in size at each of them
+    while differentiation and substitution walk the whole tree.  One node at a time, each
+    expression holds a single op; ``sizes`` keeps how large the composed trees would be.
+    """
+    replay = _Replay()
+    for t in reversed(order):                        # every input before what is made from it
+        if t.node is None:                           # a checked leaf
+            replay.values[id(t)] = _constant(sp, t.numpy())
+            replay.live[id(t)] = np.ones(t.shape, dtype=bool)
+            replay.sizes[id(t)] = np.ones(t.shape, dtype=object)
+            continue
+        args, wrt, point, symbol_sizes = [], {}, {}, {}
+        for x in t.node.inputs:
+            if id(x) not in replay.values:           # requires no grad: a constant
+                args.append(_constant(sp, x.numpy()))
+                continue
+            arg = np.empty(x.shape, dtype=object)
+            for index in np.ndindex(x.shape):
+                if not replay.live[id(x)][index]:
+                    arg[index] = replay.values[id(x)][index]
+                    continue
+                symbol = sp.Dummy(real=True)
+                arg[index] = symbol
+                wrt[symbol] = (id(x), index)
+                point[symbol] = replay.values[id(x)][index]
+                symbol_sizes[symbol] = replay.sizes[id(x)][index]
+            args.append(arg)
+        result = type(t.node.op).symbolic(sp, *args, **t.node.attrs)
+        exprs = np.array(result, dtype=object).reshape(t.shape)
+        for index in np.ndindex(t.shape):
+            exprs[index] = sp.sympify(exprs[index])
+        definitions, reduced = _shared_subexpressions(sp, exprs)
+        for symbol, definition in definitions:
+            point[symbol] = _exact(sp, definition.xreplace(point), "replay")
+        values = np.empty(t.shape, dtype=object)
+        for k, expr in enumerate(reduced):
+            values.flat[k] = _exact(sp, expr.xreplace(point), "replay")
+        live = np.zeros(t.shape, dtype=bool)
+        sizes = np.ones(t.shape, dtype=object)
+        for index in np.ndindex(t.shape):
+            if exprs[index].free_symbols:
+                live[index] = True
+                sizes[index] = _tree_size(exprs[index], symbol_sizes)
+        replay.values[id(t)], replay.live[id(t)], replay.sizes[id(t)] = values, live, sizes
+        replay.steps[id(t)] = _Step(exprs, wrt, definitions, reduced, point)
+    return replay
+
+
+def _pull_back(sp, order: list[Tensor], replay: _Replay, cotangent: np.ndarray) -> dict[int, np.ndarray]:
+    """d sum(cotangent * root) / d every tensor of the graph, by the chain rule: sympy
+    differentiates each node's expressions exactly, the partial derivatives are evaluated
+    at 30 digits, and the products are summed over every path from the root (inside a node
+    too, through its shared subexpressions).  The engine's backward is not used; only the
+    recorded graph is shared."""
+
+    def partial(expr, symbol, point):
+        return _exact(sp, sp.diff(expr, symbol).xreplace(point), "derivative")
+
+    shapes = {id(t): t.shape for t in order}
+    adjoints = {id(order[0]): _constant(sp, cotangent)}
+    for t in order:                                  # the root first, every consumer before its inputs
+        step, adjoint = replay.steps.get(id(t)), adjoints.get(id(t))
+        if step is None or adjoint is None:
+            continue
+        local: dict = {}                             # symbol -> d sum(adjoint * t) / d symbol
+        for weight, expr in zip(adjoint.flat, step.reduced, strict=True):
+            if weight != 0:
+                for symbol in expr.free_symbols:
+                    local[symbol] = local.get(symbol, 0) + weight * partial(expr, symbol, step.point)
+        for shared, definition in reversed(step.definitions):
+            weight = local.pop(shared, 0)
+            if weight != 0:
+                for symbol in definition.free_symbols:
+                    local[symbol] = local.get(symbol, 0) + weight * partial(definition, symbol, step.point)
+        for symbol, weight in local.items():
+            source, where = step.wrt[symbol]
+            if source not in adjoints:
+                adjoints[source] = np.zeros(shapes[source], dtype=object)
+            adjoints[source][where] += weight
+    return adjoints
+
+
+def _composed(order: list[Tensor], replay: _Replay, leaf_symbols: dict[int, np.ndarray]) -> np.ndarray:
+    """The root's entries as single expressions of the leaf symbols (each step substituted
+    into the next): only for the report's formula, and only when ``sizes`` says they are small."""
+    composed = dict(leaf_symbols)
+    for t in reversed(order):
+        step = replay.steps.get(id(t))
+        if step is None:
+            continue
+        out = np.empty(t.shape, dtype=object)
+        for index in np.ndindex(t.shape):
+            expr = step.exprs[index]
+            out[index] = expr.xreplace({symbol: composed[step.wrt[symbol][0]][step.wrt[symbol][1]]
+                                        for symbol in expr.free_symbols})
+        composed[id(t)] = out
+    return composed[id(order[0])]
 
 
 def _formula(sp, out_exprs: np.ndarray, leaf_symbols: np.ndarray) -> str:
@@ -276,60 +417,74 @@ def _formula(sp, out_exprs: np.ndarray, leaf_symbols: np.ndarray) -> str:
 def symbolic(fn_or_op, *inputs, seed: int = 0, **attrs) -> Report:
     """Differentiate the recorded graph exactly with sympy and compare with ``backward``.
 
+    Each node's ``symbolic`` form is differentiated exactly and evaluated at 30 digits; the
+    chain rule over the recorded graph gives the exact gradient of sum(c * output) for a
+    fixed random cotangent c, to 30 digits.
+
     Args:
         fn_or_op: a function of tensors, or an Op class (then ``attrs`` are its attributes).
         inputs: arrays or tensors at small shapes (each float entry becomes a symbol).
 
     Returns:
         A Report: per checked leaf the largest error and one derived formula
-        (d output[0] / d leaf[0]), and the forward values against the replay.
+        (d output[0] / d leaf[0], when the composed expression is small enough to print),
+        and the forward values against the replay.
     """
     import sympy as sp
 
     fn, target = _as_function(fn_or_op, attrs)
     report = Report("symbolic", target)
     leaves = _as_leaves(inputs, _input_names(fn, len(inputs)))
+    extra, kept_grads = [], []
     try:
         out = fn(*leaves)
         if not out.requires_grad:
             raise ValueError("the output does not depend on any input that requires grad")
+        # Parameters fn reaches: compared on this backward's gradient alone, then left as
+        # they were (as gradcheck does), so checking a module twice needs no zero_grad.
+        extra = [t for t in autograd.toposort(out) if t.node is None and all(t is not x for x in leaves)]
+        kept_grads = [t.grad for t in extra]
+        for t in extra:
+            t.grad = None
         c = _cotangent(out.shape, seed)
         out.backward(c.astype(out.dtype), retain_graph=True)
 
         # The inputs in argument order, then any parameters fn used (e.g. a module's weights).
-        graph_leaves = [t for t in autograd.toposort(out) if t.node is None]
+        order = autograd.toposort(out)
+        graph_leaves = [t for t in order if t.node is None]
         reached = {id(t) for t in graph_leaves}
         checked = [t for t in leaves if id(t) in reached]
         checked += [t for t in reversed(graph_leaves) if all(t is not c for c in checked)]
         names = {id(t): t.name or f"p{k}" for k, t in enumerate(checked)}
-        symbols = {id(t): _symbols(sp, names[id(t)], t.shape) for t in checked}
-        out_exprs = _replay(sp, out, symbols)
+        replay = _replay(sp, order)
 
-        subs = {}
-        for t in checked:
-            for index in np.ndindex(t.shape):
-                subs[symbols[id(t)][index]] = sp.Float(float(t.numpy()[index]), 30)
-
-        forward = np.array([_number(sp, e.xreplace(subs)) for e in out_exprs.reshape(-1)])
+        forward = np.array([float(v) for v in replay.values[id(out)].reshape(-1)])
         report.forward_err = float(np.max(np.abs(forward - out.numpy().reshape(-1).astype(np.float64)),
                                           initial=0.0))
         rtol, atol = _tolerance(out.dtype)
         scale = 1.0 + float(np.max(np.abs(forward), initial=0.0))
         report.forward_ok = report.forward_err <= atol * scale + rtol * scale
 
-        pairs = zip(c.reshape(-1), out_exprs.reshape(-1), strict=True)
-        loss = sp.Add(*[sp.Float(ci, 30) * e for ci, e in pairs])
+        adjoints = _pull_back(sp, order, replay, c)
+        symbols = {id(t): _symbols(sp, names[id(t)], t.shape) for t in checked}
+        largest = max(replay.sizes[id(out)].reshape(-1), default=1)
+        out_exprs = _composed(order, replay, symbols) if largest <= _FORMULA_NODES else None
         for t in checked:
-            sym = symbols[id(t)]
-            exact = np.zeros(t.shape)
-            for index in np.ndindex(t.shape):
-                exact[index] = _number(sp, sp.diff(loss, sym[index]).xreplace(subs))
+            adjoint = adjoints.get(id(t), np.zeros(t.shape, dtype=object))
+            exact = np.array([float(v) for v in adjoint.reshape(-1)]).reshape(t.shape)
             rtol, atol = _tolerance(t.dtype)
             result = _compare(names[id(t)], t, exact, rtol, atol)
-            result.formula = _formula(sp, out_exprs, sym)
+            if out_exprs is not None:
+                result.formula = _formula(sp, out_exprs, symbols[id(t)])
+            else:
+                result.formula = (f"(no formula printed: an output entry composes to {largest:.1e} "
+                                  f"sympy nodes)")
             report.inputs.append(result)
     except Exception as err:  # the report says what broke instead of raising mid-check
         report.error = f"{type(err).__name__}: {err}"
+    finally:
+        for t, grad in zip(extra, kept_grads, strict=True):
+            t.grad = grad
     return report
 
 
