@@ -132,6 +132,30 @@ def test_cli_translate_with_beam(copy_checkpoint, capsys):
     assert columns == ["a", "a", "b", "b"] and rows
 
 
+def test_cli_translate_n_best_prints_each_hypothesis_with_its_score(copy_checkpoint, capsys):
+    assert cli.main(["translate", str(copy_checkpoint), "abcd", "--beam", "4", "--n-best", "3"]) == 0
+    out = capsys.readouterr().out
+    listed = re.findall(r"^  (\d)\. '([a-t]*)'  score (-?[\d.]+)  log P (-?[\d.]+)$", out, re.M)
+    assert [rank for rank, *_ in listed] == ["1", "2", "3"]
+    assert len({text for _, text, _, _ in listed}) == 3
+    assert re.search(rf"^'abcd' -> '{listed[0][1]}'$", out, re.M)              # the chosen: the best
+    model, info = ta.models.load_checkpoint(copy_checkpoint)
+    src = ta.data.encode_batch([list("abcd")], info.src_vocab)
+    [nbest] = model.beam_search(src, beam=4, max_len=ta.models.evaluation.default_max_len(4), n_best=3)
+    assert [score for _, _, score, _ in listed] == [f"{h.score:.4f}" for h in nbest]
+    assert [log_p for *_, log_p in listed] == [f"{h.log_prob:.4f}" for h in nbest]
+    # the attention printed under the list is the chosen hypothesis'
+    unlisted = "\n".join(line for line in out.splitlines() if not re.match(r"  \d\. ", line))
+    columns, rows = attention_rows(unlisted)
+    assert columns == ["a", "b", "c", "d"] and len(rows) == len(nbest[0].tokens)
+
+
+def test_cli_translate_n_best_needs_a_wide_enough_beam(copy_checkpoint, capsys):
+    for argv in (["--n-best", "2"], ["--beam", "2", "--n-best", "3"]):
+        assert cli.main(["translate", str(copy_checkpoint), "abcd", *argv]) == 2
+        assert "--n-best" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- errors: one line, status 2
 
 

@@ -84,6 +84,19 @@ def test_cli_evaluate_defaults_to_the_runs_test_split(run, capsys):
     assert json.loads(capsys.readouterr().out)["n"] == len(ta.data.references(task.test))
 
 
+def test_cli_translate_stdin_with_n_best_writes_n_lines_per_input_line(run, monkeypatch, capsys):
+    _, checkpoint, _ = run
+    monkeypatch.setattr("sys.stdin", io.StringIO("abc\n\nfed\n"))
+    assert cli.main(["translate", str(checkpoint), "-", "--beam", "3", "--n-best", "2"]) == 0
+    lines = capsys.readouterr().out.split("\n")
+    assert lines[-1] == "" and len(lines[:-1]) == 6 and lines[2:4] == ["", ""]
+    model, info = ta.models.load_checkpoint(checkpoint)
+    src = ta.data.encode_batch([list("abc")], info.src_vocab)
+    [nbest] = model.beam_search(src, beam=3, max_len=ta.models.evaluation.default_max_len(3), n_best=2)
+    assert lines[:2] == [f"{info.detokenize(info.tgt_vocab.decode(h.tokens))}\t{h.score:.6f}" for h in nbest]
+    assert all(re.fullmatch(r"([a-f]( [a-f])*)?\t-?\d+\.\d{6}", line) for line in lines[4:6])
+
+
 def test_cli_translate_stdin_writes_one_line_per_line_in_batches(run, monkeypatch, capsys):
     _, checkpoint, _ = run
     words = ["abc", "", "fed", "ab"] * 3

@@ -2,6 +2,7 @@
 of every layer and head), evaluate and graph a Transformer checkpoint; options of the
 other architecture refused; checkpoints say which model they hold."""
 
+import re
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -54,6 +55,13 @@ def test_translate_with_beam_and_a_heatmap_of_every_layer_and_head(checkpoint, t
     np.testing.assert_allclose(grid.sum(axis=-1), 1.0, rtol=1e-5)
     panels = ET.fromstring(heatmap(grid, list("abca"), ["x"] * grid.shape[2], backend="svg"))
     assert len(panels.findall("svg:svg", NS)) == 2
+
+
+def test_translate_n_best_of_a_transformer(checkpoint, capsys):
+    assert cli.main(["translate", str(checkpoint), "abca", "--beam", "3", "--n-best", "3"]) == 0
+    out = capsys.readouterr().out
+    scores = [float(s) for s in re.findall(r"^  \d\. '[a-t]*'  score (-?[\d.]+)  log P", out, re.M)]
+    assert len(scores) == 3 and scores == sorted(scores, reverse=True)
 
 
 def test_evaluate_and_graph_read_a_transformer_checkpoint(checkpoint, tmp_path, capsys):

@@ -83,13 +83,10 @@ def test_greedy_agrees_with_teacher_forcing_on_its_own_output():
 
 
 def _sequence_logp(model, src_row, tokens) -> float:
-    """log P(tokens | src) under decoding's distribution (<pad> and <start> excluded)."""
+    """log P(tokens | src): the model's own log-softmax, teacher-forced, at each token."""
     tgt_in = np.array([[START] + list(tokens[:-1])])
     logits, _ = model(src_row, tgt_in)
-    logits = logits.numpy()[0].astype(np.float64)
-    logits[:, [PAD, START]] = -np.inf
-    shifted = logits - logits.max(-1, keepdims=True)
-    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    log_probs = ta.models.decoding.log_softmax(logits.numpy()[0])
     return float(sum(log_probs[i, t] for i, t in enumerate(tokens)))
 
 
@@ -127,14 +124,16 @@ def test_beam_of_one_without_penalties_is_greedy(seed, cell, attention, end_bias
 
 
 def test_wu_et_al_scores_by_hand():
-    from tinygrad_attn.models.decoding import _ranked
+    from tinygrad_attn.models.decoding import coverage_of, length_penalty_of
 
     attention = np.array([[0.5, 0.5, 0.0], [0.7, 0.1, 0.2]])                 # 2 outputs, 3 sources
-    real = np.array([True, True, False])
-    assert _ranked(-2.0, 3, attention, real, alpha=1.0, beta=0.0) == pytest.approx(-2.0 / (8 / 6))
-    assert _ranked(-2.0, 3, attention, real, alpha=0.0, beta=0.0) == pytest.approx(-2.0)
+    real = np.array([[True, True, False]])
+    assert -2.0 / length_penalty_of(3, 1.0) == pytest.approx(-2.0 / (8 / 6))
+    assert length_penalty_of(3, 0.0) == 1.0
     # coverage of source 0: min(1.2, 1) -> log 1 = 0; of source 1: 0.6 -> log 0.6; source 2 is padding
-    assert _ranked(-2.0, 3, attention, real, alpha=0.0, beta=0.5) == pytest.approx(-2.0 + 0.5 * np.log(0.6))
+    summed = attention.sum(axis=0, keepdims=True)
+    assert coverage_of(summed, real, 0.5)[0] == pytest.approx(0.5 * np.log(0.6))
+    assert coverage_of(summed, real, 0.0)[0] == 0.0
 
 
 def test_decoding_never_produces_pad_or_start():

@@ -28,14 +28,20 @@ def add_parser(commands) -> None:
                     "attention matrix: one row per output token (<end> included), one column per "
                     "source token. With '-' instead of TEXT, read standard input and write one "
                     "output line per input line (an empty line gives an empty line), decoding "
-                    "in batches.")
+                    "in batches. With --beam K --n-best N, print the N best hypotheses of each "
+                    "TEXT, best first, with their scores (Wu et al.'s log P / ((5 + |Y|) / 6), "
+                    "|Y| counting <end>) and log-probabilities; the attention shown is the best "
+                    "one's.")
     translate.add_argument("checkpoint", metavar="CHECKPOINT", help="a file written by 'tinygrad-attn train'")
     translate.add_argument("texts", metavar="TEXT", nargs="+", help="what to translate (quote it), or -")
     translate.add_argument("--beam", type=positive_int, default=None, metavar="K",
                            help="beam search with K hypotheses (default: greedy)")
+    translate.add_argument("--n-best", type=positive_int, default=None, metavar="N",
+                           help="print the N best hypotheses with their scores (needs --beam K, K >= N; "
+                                "with '-': N lines per input line, each the output, a tab and its score)")
     translate.add_argument("--heatmap", default=None, metavar="PATH",
-                           help="also draw the attention to PATH (needs ta.viz.heatmap); with "
-                                "several texts, PATH-1, PATH-2, ...")
+                           help="also draw the attention of the chosen (best) hypothesis to PATH (needs "
+                                "ta.viz.heatmap); with several texts, PATH-1, PATH-2, ...")
     translate.add_argument("--batch-size", type=positive_int, default=256,
                            help="with '-': lines decoded at once (default 256)")
     add_threads(translate)
@@ -45,6 +51,9 @@ def add_parser(commands) -> None:
 def run(args) -> int:
     model, info = load_checkpoint(args.checkpoint)
     set_threads(args.threads)
+    if args.n_best is not None and (args.beam is None or args.n_best > args.beam):
+        beam = "no --beam" if args.beam is None else f"--beam {args.beam}"
+        raise UsageError(f"--n-best {args.n_best} needs --beam K with K >= {args.n_best}, got {beam}")
     if args.texts == ["-"]:
         return _translate_stream(model, info, args)
     if "-" in args.texts:
@@ -55,29 +64,42 @@ def run(args) -> int:
         check_source(text, info)
     sources = [info.tokenize(text) for text in args.texts]
     outputs = ta.models.translate_tokens(model, sources, info.src_vocab, info.tgt_vocab, beam=args.beam,
-                                         batch_size=args.batch_size)
+                                         batch_size=args.batch_size, n_best=args.n_best)
     rows = zip(args.texts, sources, outputs, strict=True)
-    for index, (text, source, (tokens, attention)) in enumerate(rows, start=1):
-        print(f"{text!r} -> {info.detokenize(tokens)!r}")
+    for index, (text, source, output) in enumerate(rows, start=1):
+        if args.n_best is not None:
+            tokens, attention = output[0][0], output[0][1].attention
+            print(f"{text!r} -> {info.detokenize(tokens)!r}")
+            for rank, (hypothesis_tokens, hypothesis) in enumerate(output, start=1):
+                print(f"  {rank}. {info.detokenize(hypothesis_tokens)!r}  score {hypothesis.score:.4f}  "
+                      f"log P {hypothesis.log_prob:.4f}")
+        else:
+            tokens, attention = output
+            print(f"{text!r} -> {info.detokenize(tokens)!r}")
         if attention is None:
             print("(this model has no attention: its decoder sees only the encoder's final state)")
             continue
         print(ta.viz.format_attention(attention, source, tokens))
         if args.heatmap is not None:
-            path = _heatmap_path(args.heatmap, index, len(args.texts))
-            rows = ta.viz.row_labels(tokens, attention)
-            drawn = attention
-            if isinstance(model, ta.models.Transformer):
-                drawn = _cross_attention_grid(model, info, source, tokens, len(rows))
-            try:
-                ta.viz.heatmap(drawn, source, rows, path, title=None if drawn is attention else
-                               "cross-attention, every layer and head")
-            except (ImportError, ValueError, OSError) as err:       # messages start "heatmap:"
-                raise UsageError(str(err)) from None
-            print(f"wrote the heatmap to {path}")
+            _draw(model, info, args, index, source, tokens, attention)
         if index < len(args.texts):
             print()
     return EXIT_OK
+
+
+def _draw(model, info, args, index: int, source: list, tokens: list, attention) -> None:
+    """The chosen hypothesis' attention as a heatmap (a Transformer's: every layer and head)."""
+    path = _heatmap_path(args.heatmap, index, len(args.texts))
+    rows = ta.viz.row_labels(tokens, attention)
+    drawn = attention
+    if isinstance(model, ta.models.Transformer):
+        drawn = _cross_attention_grid(model, info, source, tokens, len(rows))
+    try:
+        ta.viz.heatmap(drawn, source, rows, path, title=None if drawn is attention else
+                       "cross-attention, every layer and head")
+    except (ImportError, ValueError, OSError) as err:       # messages start "heatmap:"
+        raise UsageError(str(err)) from None
+    print(f"wrote the heatmap to {path}")
 
 
 def _translate_stream(model, info, args) -> int:
@@ -107,6 +129,17 @@ def _translate_stream(model, info, args) -> int:
             raise UsageError(f"<stdin>:{number}: {err}") from None
         sources.append(info.tokenize(line))
     real = [source for source in sources if source is not None]
+    if args.n_best is not None:
+        found = iter(ta.models.translate_tokens(model, real, info.src_vocab, info.tgt_vocab, beam=args.beam,
+                                                batch_size=args.batch_size, n_best=args.n_best)
+                     if real else [])
+        for source in sources:
+            hypotheses = next(found) if source is not None else []
+            lines = [f"{info.detokenize(tokens)}\t{h.score:.6f}" for tokens, h in hypotheses]
+            # Every input line gets N lines, so the output can be read back N at a time.
+            lines += [""] * (args.n_best - len(lines))
+            sys.stdout.write("".join(line + "\n" for line in lines))
+        return EXIT_OK
     outputs = iter(ta.models.decode(model, real, info.src_vocab, info.tgt_vocab, beam=args.beam,
                                     batch_size=args.batch_size) if real else [])
     for source in sources:

@@ -1,36 +1,53 @@
-"""Decoding any encoder-decoder through one small step protocol: greedy decoding and beam
-search are written once, here, and ``Seq2Seq`` and ``Transformer`` plug in.
+"""Decoding any encoder-decoder through one small step protocol: greedy decoding, sampling and
+batched beam search are written once, here, and ``Seq2Seq`` and ``Transformer`` plug in.
 
 A model decodes through three methods:
 
     state = model.decode_start(src, **options)      encode (B, S) ids; the state of B rows
     log_probs, attention, state = model.decode_step(state, tokens, t)
-        tokens (N,) the previous output ids (``<start>`` at t = 0) -> log-probabilities (N, V)
-        float64, the step's attention over the source (N, S) numpy or None, the next state
+        tokens (N,) the previous output ids (``<start>`` at t = 0) -> the model's own
+        log-softmax over the whole vocabulary (N, V) float64, the step's attention over the
+        source (N, S) numpy or None, the next state
     state = model.decode_select(state, rows)        the rows ``rows`` of a state (a beam's
                                                     survivors, or one source repeated)
 
-``options`` are the model's own (the Transformer's ``use_cache``), passed through by
-``greedy`` and ``beam_search``.  ``decode_step`` gives ``<pad>`` and ``<start>``
-probability 0 (-inf): an output holding them would not decode to its tokens.  Ids follow
-``ta.data``: 0 ``<pad>``, 1 ``<start>``, 2 ``<end>``.
+``options`` are the model's own (the Transformer's ``use_cache``), passed through.  The
+log-probabilities are exactly what teacher forcing gives, so a hypothesis' ``log_prob`` is the
+model's log P(Y | X).  Choosing a token is another matter: ``<pad>`` and ``<start>`` are never
+chosen (an output holding them would not decode to its tokens), nor ``<end>`` before
+``min_length``, nor a token that repeats an n-gram under ``no_repeat_ngram_size``; those are
+set to -inf for the choice only, and nothing is renormalised.  ``<unk>`` may be produced.
+Ids follow ``ta.data``: 0 ``<pad>``, 1 ``<start>``, 2 ``<end>``.
+
+Beam search scores a finished hypothesis Y of a source X as Wu et al. (2016) do,
+
+    score = log P(Y | X) / ((5 + |Y|) / 6) ** length_penalty
+            + coverage_penalty * sum_j log(min(sum_i a_ij, 1))     over the real source tokens j
+
+with |Y| the tokens produced, ``<end>`` included, and a_ij the attention of output i on source
+token j.  It stops a source only when no live hypothesis can still beat the worst of that
+source's ``n_best`` best finished ones (``_bound`` says why the bound is safe).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from .. import data
+from .. import random as ta_random
+from ..autograd import ShapeError, no_grad
 
-__all__ = ["Decodable", "greedy", "beam_search"]
+__all__ = ["Decodable", "Hypothesis", "greedy", "sample", "beam_search", "log_softmax"]
 
 PAD, START, END = data.PAD, data.START, data.END
 
 
 class Decodable(Protocol):
-    """What ``greedy`` and ``beam_search`` need of a model (see the module docstring)."""
+    """What the decoders need of a model (see the module docstring)."""
 
     def decode_start(self, src: np.ndarray, **options): ...
 
@@ -39,121 +56,462 @@ class Decodable(Protocol):
     def decode_select(self, state, rows: np.ndarray): ...
 
 
-def greedy(model: Decodable, src: np.ndarray, max_len: int, **options):
-    """The most likely token at every step, for every row of ``src`` at once; a batch stops
-    once every row has produced ``<end>``.
+@dataclass
+class Hypothesis:
+    """One output of one source.
+
+    Attributes:
+        tokens: the produced ids, ``<end>`` included when the output has one (an output that
+            reached ``max_len`` has none).
+        score: what beam search ranks by, Wu et al.'s length-normalised log-probability plus
+            the coverage term (see the module docstring); greedy decoding and sampling do not
+            rank, and report ``log_prob``.
+        log_prob: log P(tokens | source) under the model: the sum, over the produced tokens,
+            of the model's own log-softmax, which ``model(src, tgt_in)`` gives for them.
+        attention: (len(tokens), S) numpy, each produced token's attention over the source's
+            S columns (the batch's width: padding columns are 0); the Transformer's is its last
+            layer's cross-attention averaged over heads, or with ``average_weights=False``
+            every layer and head, (layers, H, len(tokens), S).  None for a model without
+            attention.
+    """
+
+    tokens: list[int]
+    score: float
+    log_prob: float
+    attention: np.ndarray | None = None
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """The log-softmax of the last axis in float64 (subtract the row max before exp)."""
+    logits = np.asarray(logits, dtype=np.float64)
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+# ---------------------------------------------------------------- greedy and sampling
+
+
+def greedy(model: Decodable, src, max_len: int = 50, min_length: int = 0, no_repeat_ngram_size: int = 0,
+           hypotheses: bool = False, **options):
+    """The most likely allowed token at every step, for every row of ``src`` at once; a batch
+    stops once every row has produced ``<end>``.
 
     Returns:
         (ids (B, L) int64: each row up to and including ``<end>``, then 0 (a row that
         reached ``max_len`` has no ``<end>``); attention (B, L, S) float numpy, zeros after
-        ``<end>``, or None for a model without attention).
+        ``<end>``, or None for a model without attention); with ``hypotheses``, one
+        ``Hypothesis`` per source instead.
     """
-    state = model.decode_start(src, **options)
+    src = _source(src, "greedy")
+    _check_lengths("greedy", max_len, min_length, no_repeat_ngram_size)
+    with inference(model):
+        return _one_path(model, src, max_len, _argmax, min_length, no_repeat_ngram_size, hypotheses, options)
+
+
+def sample(model: Decodable, src, max_len: int = 50, temperature: float = 1.0, top_k: int = 0,
+           top_p: float = 1.0, seed=None, min_length: int = 0, no_repeat_ngram_size: int = 0,
+           hypotheses: bool = False, **options):
+    """Draw each output token from the model's distribution, for every row of ``src`` at once.
+
+    Args:
+        temperature: divides the log-probabilities before the draw (< 1 sharpens, > 1 flattens).
+        top_k: draw among the k most likely allowed tokens only (0: all).
+        top_p: nucleus sampling (Holtzman et al. 2020): draw among the fewest most likely
+            tokens whose probabilities sum to at least ``top_p`` (1: all).  Applied after
+            ``top_k``, as in PyTorch's and Hugging Face's samplers.
+        seed: an int or a numpy Generator makes the draws reproducible; None draws from the
+            engine's generator (``ta.manual_seed``).
+
+    Returns:
+        as ``greedy``.  A ``Hypothesis``' ``log_prob`` is the model's, not the tempered or
+        truncated distribution's the tokens were drawn from.
+    """
+    src = _source(src, "sample")
+    _check_lengths("sample", max_len, min_length, no_repeat_ngram_size)
+    _check_number(temperature, "temperature", "sample", low=0.0, low_open=True)
+    _check_int(top_k, "top_k", "sample", 0)
+    _check_number(top_p, "top_p", "sample", low=0.0, low_open=True, high=1.0)
+    if isinstance(seed, np.random.Generator):
+        rng = seed
+    elif seed is None:
+        rng = ta_random.generator()
+    else:
+        rng = np.random.default_rng(_check_int(seed, "seed", "sample", 0))
+
+    def draw(allowed: np.ndarray) -> np.ndarray:
+        return _draw(allowed, temperature, top_k, top_p, rng)
+
+    with inference(model):
+        return _one_path(model, src, max_len, draw, min_length, no_repeat_ngram_size, hypotheses, options)
+
+
+def _argmax(allowed: np.ndarray) -> np.ndarray:
+    return allowed.argmax(axis=-1)
+
+
+def _draw(allowed: np.ndarray, temperature: float, top_k: int, top_p: float,
+          rng: np.random.Generator) -> np.ndarray:
+    """One token per row from softmax(allowed / temperature), cut to top-k, then top-p."""
+    logits = allowed / temperature                                                  # (N, V)
+    if 0 < top_k < logits.shape[1]:
+        kth = np.partition(logits, -top_k, axis=1)[:, -top_k][:, None]
+        logits = np.where(logits < kth, -np.inf, logits)
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    if top_p < 1.0:
+        order = np.argsort(-probs, axis=1, kind="stable")
+        sorted_probs = np.take_along_axis(probs, order, axis=1)
+        # Keep a token while the tokens before it hold less than top_p: the first always stays.
+        before = np.cumsum(sorted_probs, axis=1) - sorted_probs
+        cut = np.zeros_like(probs)
+        np.put_along_axis(cut, order, np.where(before < top_p, sorted_probs, 0.0), axis=1)
+        probs = cut / cut.sum(axis=1, keepdims=True)
+    # Inverse CDF: scaled by the row's total, so rounding can never fall past the last token.
+    cumulative = np.cumsum(probs, axis=1)
+    u = rng.random(len(probs))[:, None] * cumulative[:, -1:]
+    return (cumulative > u).argmax(axis=1)
+
+
+def _one_path(model, src, max_len, choose, min_length, ngram, hypotheses, options):
+    """Greedy decoding or sampling: one output per source, ``choose`` picking each token."""
     batch = src.shape[0]
+    state = model.decode_start(src, **options)
     y = np.full(batch, START, dtype=np.int64)
     done = np.zeros(batch, dtype=bool)
+    log_prob = np.zeros(batch)
+    produced = np.zeros((batch, 0), dtype=np.int64)
     ids, weights = [], []
     for t in range(max_len):
         log_probs, attention, state = model.decode_step(state, y, t)
-        y = np.where(done, PAD, log_probs.argmax(axis=-1)).astype(np.int64)
+        allowed = _allowed(log_probs, produced, t, min_length, ngram)
+        # A row that min_length and the n-gram rule leave nothing to produce ends here.
+        done |= ~np.isfinite(allowed).any(axis=1)
+        allowed[done] = 0.0                  # any finite row: what is chosen for it is dropped
+        y = np.where(done, PAD, choose(allowed)).astype(np.int64)
+        log_prob += np.where(done, 0.0, log_probs[np.arange(batch), y])
         ids.append(y)
+        produced = np.concatenate([produced, y[:, None]], axis=1)
         if attention is not None:
             weights.append(np.where(done[:, None], 0.0, attention))
         done |= y == END
         if done.all():
             break
-    return np.stack(ids, axis=1), (np.stack(weights, axis=1) if weights else None)
+    ids = np.stack(ids, axis=1)                                                     # (B, L)
+    weights = np.stack(weights, axis=1) if weights else None                        # (B, L, S)
+    if not hypotheses:
+        return ids, weights
+    found = []
+    for row in range(batch):
+        length = _output_length(ids[row])
+        attention = None if weights is None else weights[row, :length]
+        found.append(Hypothesis(ids[row, :length].tolist(), float(log_prob[row]), float(log_prob[row]),
+                                attention))
+    return found
 
 
-def beam_search(model: Decodable, src: np.ndarray, beam: int, max_len: int, length_penalty: float = 1.0,
-                coverage_penalty: float = 0.0, **options):
-    """Decode each source with a beam of ``beam`` hypotheses and keep the best finished one.
+def _output_length(row: np.ndarray) -> int:
+    """Tokens produced in a row of ids: up to and including ``<end>``, else up to padding."""
+    ends = np.flatnonzero(row == END)
+    if len(ends):
+        return int(ends[0]) + 1
+    pads = np.flatnonzero(row == PAD)
+    return int(pads[0]) if len(pads) else len(row)
 
-    A hypothesis Y of source X is ranked, once it ends, by Wu et al. (2016)'s
-    ``log P(Y|X) / lp(Y) + cp(X; Y)`` with ``lp(Y) = ((5 + |Y|) / 6) ** length_penalty`` and
-    ``cp = coverage_penalty * sum_j log(min(sum_i a_ij, 1))`` over the real source tokens j
-    (a_ij the attention of output i on source j).
 
-    Each step extends every live hypothesis by every token and keeps the ``beam`` best of
-    them; a candidate that ends (``<end>``, or any token at ``max_len``) is set aside as
-    finished only if it ranks among those ``beam`` best (as fairseq does), so a beam of one
-    is greedy decoding.  The search stops once ``beam`` hypotheses have finished.
+# ---------------------------------------------------------------- beam search
+
+
+def beam_search(model: Decodable, src, beam: int = 5, max_len: int = 50, length_penalty: float = 1.0,
+                coverage_penalty: float = 0.0, min_length: int = 0, no_repeat_ngram_size: int = 0,
+                n_best: int | None = None, **options):
+    """Batched beam search: every live hypothesis of every source is a row of one batch per
+    step.
+
+    Each step extends every live hypothesis of a source by every allowed token and looks at
+    the ``2 * beam`` most likely extensions (by log-probability): one that ends (``<end>``, or
+    any token at ``max_len``) is set aside as finished if it ranks among the ``beam`` best
+    (as fairseq does, so a beam of one is greedy decoding when ``length_penalty`` is 0), the
+    others refill the beam.  A hypothesis that ``min_length`` and ``no_repeat_ngram_size``
+    leave no token to produce ends as it is.  Finished hypotheses are ranked by Wu et al.'s
+    score (the module docstring); a source is done when no live hypothesis can still beat the
+    worst of its ``n_best`` best finished ones.
+
+    Args:
+        beam: hypotheses kept per source.  max_len: tokens produced at most (``<end>``
+            included).  length_penalty: Wu et al.'s alpha (0: rank by log-probability).
+        coverage_penalty: Wu et al.'s beta (>= 0), needs a model with attention.
+        min_length: the fewest tokens before ``<end>``.
+        no_repeat_ngram_size: n > 0 forbids producing any n-gram twice in one output.
+        n_best: return, per source, its ``n_best`` best hypotheses (at most ``beam``).
 
     Returns:
-        (ids (B, L) int64, attention (B, L, S) or None), laid out as ``greedy``'s.
+        (ids (B, L) int64, attention (B, L, S) or None) of each source's best hypothesis, laid
+        out as ``greedy``'s; with ``n_best``, per source a list of ``Hypothesis``, best first
+        (fewer than ``n_best`` only when the search space holds fewer).
     """
-    if src.shape[0] == 0:             # no sources: the empty result greedy gives
-        return greedy(model, src, max_len=1, **options)
-    found = [_beam_one(model, src[b : b + 1], beam, max_len, length_penalty, coverage_penalty, options)
-             for b in range(src.shape[0])]
-    length = max(len(tokens) for tokens, _ in found)
-    ids = np.zeros((src.shape[0], length), dtype=np.int64)
-    with_attention = found[0][1] is not None
-    weights = np.zeros((src.shape[0], length, src.shape[1])) if with_attention else None
-    for b, (tokens, attention) in enumerate(found):
-        ids[b, : len(tokens)] = tokens
+    src = _source(src, "beam_search")
+    _check_int(beam, "beam", "beam_search", 1)
+    _check_lengths("beam_search", max_len, min_length, no_repeat_ngram_size)
+    _check_number(length_penalty, "length_penalty", "beam_search")
+    _check_number(coverage_penalty, "coverage_penalty", "beam_search", low=0.0)
+    if n_best is not None:
+        _check_int(n_best, "n_best", "beam_search", 1)
+        if n_best > beam:
+            raise ValueError(f"beam_search: n_best must be at most beam, got n_best={n_best} > beam={beam}")
+    with inference(model):
+        if src.shape[0] == 0:             # no sources: the empty result greedy gives
+            return [] if n_best is not None else _one_path(model, src, 1, _argmax, 0, 0, False, options)
+        found = _Beam(model, src, beam, max_len, length_penalty, coverage_penalty, min_length,
+                      no_repeat_ngram_size, n_best or 1).run(options)
+    if n_best is not None:
+        return found
+    return _layout([hypotheses[0] for hypotheses in found], src.shape[1])
+
+
+def length_penalty_of(length, alpha: float):
+    """Wu et al. (2016)'s lp(Y) = ((5 + |Y|) / 6) ** alpha."""
+    return ((5.0 + np.asarray(length, dtype=np.float64)) / 6.0) ** alpha
+
+
+def coverage_of(coverage: np.ndarray, real: np.ndarray, beta: float) -> np.ndarray:
+    """Wu et al. (2016)'s cp = beta * sum_j log(min(sum_i a_ij, 1)) over the real source tokens
+    j, for rows of summed attention ``coverage`` (N, S) and their masks ``real`` (N, S).  A
+    token never attended to counts as coverage 1e-12, not 0 (whose log is -inf)."""
+    if not beta:
+        return np.zeros(coverage.shape[0])
+    terms = np.log(np.maximum(np.minimum(coverage, 1.0), 1e-12))
+    return beta * np.where(real, terms, 0.0).sum(axis=1)
+
+
+def _bound(log_prob: np.ndarray, length: int, max_len: int, alpha: float) -> np.ndarray:
+    """The best score any completion of live hypotheses holding ``length`` tokens and
+    log-probability ``log_prob`` could reach.
+
+    A completion Y has log P(Y) <= log_prob (every token's log-probability is <= 0) and
+    length(Y) in [length + 1, max_len].  As log_prob <= 0, log P(Y) / lp(|Y|) is at most
+    log_prob / lp(|Y|), the largest where lp is: lp grows with |Y| for alpha > 0 (a longer
+    completion divides by more, so the bound takes max_len, as Hugging Face's
+    ``BeamHypotheses.is_done`` does since transformers PR 20901) and shrinks for alpha < 0.
+    The coverage term is <= 0 and a completion's coverage sums only grow as it lengthens, so
+    its term only rises, towards 0: the bound adds 0, its supremum (a later token can still
+    cover every source token).
+    """
+    lp = max(length_penalty_of(length + 1, alpha), length_penalty_of(max_len, alpha))
+    return log_prob / lp
+
+
+class _Beam:
+    """One batched beam search (``beam_search``'s): live rows are kept grouped by source, in
+    source order, so that each source's candidates are one row of a (sources, beam * V)
+    table."""
+
+    def __init__(self, model, src, beam, max_len, alpha, beta, min_length, ngram, keep):
+        self.model, self.src, self.beam, self.max_len = model, src, beam, max_len
+        self.alpha, self.beta, self.min_length, self.ngram, self.keep = alpha, beta, min_length, ngram, keep
+        self.real = src != PAD                                                        # (B, S)
+        batch = src.shape[0]
+        # finished[b]: (score, log_prob, tokens, step, row) in the order found
+        self.finished: list[list] = [[] for _ in range(batch)]
+        self.worst_kept = np.full(batch, -np.inf)     # the keep-th best finished score so far
+        self.attention_steps: list = []               # per step: (N_t, S) or None
+        self.parents: list = []                       # per step t >= 1: rows of step t-1 (N_t,)
+
+    def run(self, options: dict) -> list[list[Hypothesis]]:
+        model, batch = self.model, self.src.shape[0]
+        state = model.decode_start(self.src, **options)
+        owner = np.arange(batch)                                     # (N,) the source of each row
+        tokens = np.zeros((batch, 0), dtype=np.int64)                # (N, t)
+        log_prob = np.zeros(batch)                                   # (N,)
+        coverage = np.zeros(self.src.shape)                          # (N, S) attention summed
+        for t in range(self.max_len):
+            last = tokens[:, -1] if t else np.full(len(owner), START, dtype=np.int64)
+            log_probs, attention, state = model.decode_step(state, last, t)
+            if attention is None and self.beta:
+                raise ValueError("beam_search: coverage_penalty needs a model with attention")
+            self.attention_steps.append(attention)
+            allowed = _allowed(log_probs, tokens, t, self.min_length, self.ngram)
+            self._finish_stuck(allowed, owner, tokens, log_prob, coverage, t)
+            rows, words, totals, ends = self._candidates(log_prob[:, None] + allowed, owner, t)
+            self._finish(rows[ends], words[ends], totals[ends], owner, tokens, coverage, attention, t)
+            rows, words, totals = rows[~ends], words[~ends], totals[~ends]
+            new_owner = owner[rows]
+            # Exact stopping: a source is done once its keep-th best finished hypothesis is at
+            # least as good as the best any of its live hypotheses could become.
+            best = np.full(batch, -np.inf)
+            if t + 1 < self.max_len:
+                np.maximum.at(best, new_owner, _bound(totals, t + 1, self.max_len, self.alpha))
+            live = best[new_owner] > self.worst_kept[new_owner]
+            rows, words, totals, new_owner = rows[live], words[live], totals[live], new_owner[live]
+            if not len(rows):
+                break
+            self.parents.append(rows)
+            state = model.decode_select(state, rows)
+            tokens = np.concatenate([tokens[rows], words[:, None]], axis=1)
+            log_prob, owner = totals, new_owner
+            coverage = coverage[rows] + (0.0 if attention is None else attention[rows])
+        return [self._best(b) for b in range(batch)]
+
+    def _candidates(self, total: np.ndarray, owner: np.ndarray, t: int):
+        """The extensions each source keeps at step t, from ``total`` (N, V), every row's
+        log-probability after each token: (rows, words, log-probabilities, ends), flat, grouped
+        by source and best first within a source."""
+        vocab = total.shape[1]
+        sources, first, counts = np.unique(owner, return_index=True, return_counts=True)
+        group = np.repeat(np.arange(len(sources)), counts)                           # (N,)
+        table = np.full((len(sources), counts.max(), vocab), -np.inf)                # (A, width, V)
+        table[group, np.arange(len(owner)) - first[group]] = total
+        flat = table.reshape(len(sources), -1)                                       # (A, width * V)
+        top = _largest(flat, min(2 * self.beam, flat.shape[1]))                      # (A, k)
+        totals = np.take_along_axis(flat, top, axis=1)
+        rows, words = first[:, None] + top // vocab, top % vocab
+        valid = totals > -np.inf
+        ends = valid & ((words == END) | (t == self.max_len - 1))
+        rank = np.arange(top.shape[1])
+        finish = ends & (rank < self.beam)        # an ending outside the beam's best is dropped
+        extend = valid & ~ends
+        extend &= np.cumsum(extend, axis=1) <= self.beam
+        keep = finish | extend
+        return rows[keep], words[keep], totals[keep], ends[keep]
+
+    def _finish(self, rows, words, log_probs, owner, tokens, coverage, attention, t):
+        """Set aside the hypotheses ending at step t: rows of step t extended by ``words``."""
+        if not len(rows):
+            return
+        summed = coverage[rows] + (0.0 if attention is None else attention[rows])
+        sources = owner[rows]
+        scores = log_probs / length_penalty_of(t + 1, self.alpha) + coverage_of(summed, self.real[sources],
+                                                                                 self.beta)
+        for source, score, log_prob, row, word in zip(sources, scores, log_probs, rows, words, strict=True):
+            self._add(source, score, log_prob, [*tokens[row].tolist(), int(word)], t, row)
+
+    def _finish_stuck(self, allowed, owner, tokens, log_prob, coverage, t):
+        """Hypotheses left no token to produce (by min_length and the n-gram rule) end as they
+        are, with the tokens of steps before t."""
+        stuck = np.flatnonzero(~np.isfinite(allowed).any(axis=1))
+        if not len(stuck):
+            return
+        sources = owner[stuck]
+        scores = log_prob[stuck] / length_penalty_of(t, self.alpha) + coverage_of(
+            coverage[stuck], self.real[sources], self.beta)
+        for source, score, row in zip(sources, scores, stuck, strict=True):
+            self._add(source, score, log_prob[row], tokens[row].tolist(), t - 1, self.parents[t - 1][row])
+
+    def _add(self, source, score, log_prob, tokens, step, row):
+        found = self.finished[source]
+        found.append((float(score), float(log_prob), tokens, step, int(row)))
+        if len(found) >= self.keep:
+            self.worst_kept[source] = sorted(entry[0] for entry in found)[-self.keep]
+
+    def _best(self, source: int) -> list[Hypothesis]:
+        # sorted() is stable: of equal scores, the one found first stays first.
+        ranked = sorted(self.finished[source], key=lambda entry: -entry[0])[: self.keep]
+        return [Hypothesis(tokens, score, log_prob, self._attention(step, row))
+                for score, log_prob, tokens, step, row in ranked]
+
+    def _attention(self, step: int, row: int) -> np.ndarray | None:
+        """The attention rows (step + 1, S) of the hypothesis that was row ``row`` at ``step``,
+        followed back through each step's parents."""
+        if self.attention_steps[0] is None:
+            return None
+        rows = []
+        for t in range(step, -1, -1):
+            rows.append(self.attention_steps[t][row])
+            if t:
+                row = self.parents[t - 1][row]
+        return np.stack(rows[::-1])
+
+
+def _largest(values: np.ndarray, k: int) -> np.ndarray:
+    """Column indices of the k largest entries of each row, largest first; of equal values,
+    the lower index first."""
+    columns = values.shape[1]
+    if k < columns:
+        part = np.sort(np.argpartition(-values, k - 1, axis=1)[:, :k], axis=1)
+    else:
+        part = np.broadcast_to(np.arange(columns), values.shape)
+    order = np.argsort(-np.take_along_axis(values, part, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(part, order, axis=1)
+
+
+def _layout(best: list[Hypothesis], source_len: int):
+    """Best hypotheses -> (ids (B, L), attention (B, L, S) or None), as ``greedy`` lays out."""
+    length = max(len(h.tokens) for h in best)
+    ids = np.zeros((len(best), length), dtype=np.int64)
+    with_attention = best[0].attention is not None
+    weights = np.zeros((len(best), length, source_len)) if with_attention else None
+    for row, hypothesis in enumerate(best):
+        ids[row, : len(hypothesis.tokens)] = hypothesis.tokens
         if with_attention:
-            weights[b, : len(tokens)] = attention
+            weights[row, : len(hypothesis.tokens)] = hypothesis.attention
     return ids, weights
 
 
-def _beam_one(model: Decodable, src: np.ndarray, beam: int, max_len: int, alpha: float, beta: float,
-              options: dict):
-    """Beam search for one source (1, S): returns (tokens, attention rows or None)."""
-    start = model.decode_start(src, **options)
-    real = src[0] != PAD
-    source_len = src.shape[1]
-    # Live hypotheses: token lists, summed log-probabilities, attention rows (i, S).
-    tokens = [[]]
-    logp = np.zeros(1)
-    attention = [np.zeros((0, source_len))]
-    state = start
-    has_attention = True
-    finished = []                                     # (score, tokens, attention)
-    for t in range(max_len):
-        live = len(tokens)
-        y = np.array([hyp[-1] if hyp else START for hyp in tokens], dtype=np.int64)
-        log_probs, weight, new_state = model.decode_step(state, y, t)               # (live, V)
-        if weight is None:
-            if beta:
-                raise ValueError("beam_search: coverage_penalty needs a model with attention")
-            has_attention = False
-            weight = np.zeros((live, source_len))
-        total = logp[:, None] + log_probs                                           # (live, V)
-        # 2 * beam candidates: enough to refill the beam even if half of them end here.
-        order = np.argsort(-total, axis=None, kind="stable")[: 2 * beam]
-        rows, words = np.unravel_index(order, total.shape)
-        keep_rows, keep_words = [], []
-        for rank, (row, word) in enumerate(zip(rows, words, strict=True)):
-            if total[row, word] == -np.inf:               # <pad>, <start>: never produced
-                break
-            if word == END or t == max_len - 1:
-                if rank < beam:       # an ending outside the beam's best would not be kept
-                    hyp = tokens[row] + [int(word)]
-                    rows_attn = np.vstack([attention[row], weight[row]])
-                    score = _ranked(total[row, word], len(hyp), rows_attn, real, alpha, beta)
-                    finished.append((score, hyp, rows_attn))
-            elif len(keep_rows) < beam:
-                keep_rows.append(row)
-                keep_words.append(word)
-        if len(finished) >= beam or not keep_rows:
-            break
-        index = np.array(keep_rows)
-        tokens = [tokens[r] + [int(w)] for r, w in zip(keep_rows, keep_words, strict=True)]
-        logp = total[index, np.array(keep_words)]
-        attention = [np.vstack([attention[r], weight[r]]) for r in keep_rows]
-        state = model.decode_select(new_state, index)
-    if not finished:              # every candidate left was <pad> or <start>: end here
-        finished = [(0.0, tokens[0], attention[0])]
-    best = max(finished, key=lambda item: item[0])
-    return best[1], (best[2] if has_attention else None)
+# ---------------------------------------------------------------- what every decoder shares
 
 
-def _ranked(logp: float, length: int, attention: np.ndarray, real: np.ndarray, alpha: float,
-            beta: float) -> float:
-    """Wu et al. (2016): log P / lp + cp."""
-    score = logp / ((5.0 + length) / 6.0) ** alpha
-    if beta:
-        coverage = np.minimum(attention[:, real].sum(axis=0), 1.0)
-        score += beta * float(np.log(np.maximum(coverage, 1e-12)).sum())
-    return float(score)
+def _allowed(log_probs: np.ndarray, produced: np.ndarray, t: int, min_length: int, ngram: int) -> np.ndarray:
+    """The log-probabilities a choice reads: a copy with every token that may not come next
+    at -inf (never renormalised: a hypothesis' log-probability stays the model's)."""
+    allowed = log_probs.copy()
+    allowed[:, [PAD, START]] = -np.inf
+    if t < min_length:
+        allowed[:, END] = -np.inf
+    if ngram and t >= ngram - 1:
+        # The last n-1 tokens followed by w would repeat an n-gram seen at position i.
+        tail = produced[:, t - ngram + 1 :]                                          # (N, n-1)
+        for i in range(t - ngram + 1):
+            repeats = np.flatnonzero((produced[:, i : i + ngram - 1] == tail).all(axis=1))
+            allowed[repeats, produced[repeats, i + ngram - 1]] = -np.inf
+    return allowed
+
+
+@contextmanager
+def inference(model):
+    """Eval mode (no dropout) and no graph while decoding; the model's mode is restored after."""
+    was_training = getattr(model, "training", None)
+    if was_training is not None:
+        model.eval()
+    try:
+        with no_grad():
+            yield
+    finally:
+        if was_training is not None:
+            model.train(was_training)
+
+
+def _source(src, where: str) -> np.ndarray:
+    array = src.numpy() if hasattr(src, "numpy") and not isinstance(src, np.ndarray) else np.asarray(src)
+    if array.ndim != 2 or array.dtype.kind not in "iu":
+        raise ShapeError(f"{where}: src must be an integer array (B, S) of token ids, got {array.dtype} "
+                         f"of shape {array.shape}")
+    return array.astype(np.int64, copy=False)
+
+
+def _check_int(value, name: str, where: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{where}: {name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < low:
+        wanted = "positive" if low == 1 else f">= {low}"
+        raise ValueError(f"{where}: {name} must be {wanted}, got {value}")
+    return int(value)
+
+
+def _check_lengths(where: str, max_len, min_length, ngram) -> None:
+    _check_int(max_len, "max_len", where, 1)
+    _check_int(min_length, "min_length", where, 0)
+    _check_int(ngram, "no_repeat_ngram_size", where, 0)
+    if min_length > max_len:
+        raise ValueError(f"{where}: min_length must be at most max_len, got min_length={min_length} > "
+                         f"max_len={max_len}")
+
+
+def _check_number(value, name: str, where: str, low: float | None = None, low_open: bool = False,
+                  high: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TypeError(f"{where}: {name} must be a number, got {value!r} ({type(value).__name__})")
+    if not np.isfinite(value):
+        raise ValueError(f"{where}: {name} must be finite, got {value}")
+    too_low = low is not None and (value <= low if low_open else value < low)
+    if too_low or (high is not None and value > high):
+        span = f"{'>' if low_open else '>='} {low}" if high is None else f"in ({low}, {high}]"
+        raise ValueError(f"{where}: {name} must be {span}, got {value}")

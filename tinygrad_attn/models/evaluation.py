@@ -29,11 +29,12 @@ def default_max_len(source_len: int) -> int:
 
 
 def translate_tokens(model: Model, sources: Sequence, src_vocab: data.Vocab, tgt_vocab: data.Vocab,
-                     max_len: int | None = None, beam: int | None = None,
-                     batch_size: int = 256) -> list:
+                     max_len: int | None = None, beam: int | None = None, batch_size: int = 256,
+                     n_best: int | None = None, length_penalty: float = 1.0) -> list:
     """Decode token lists: returns one (output tokens, attention (L, S) or None) per source,
     in the order given, the attention cut to the output's tokens (its ``<end>`` included)
-    and the source's.
+    and the source's; with ``n_best``, per source a list of (output tokens, ``Hypothesis``)
+    pairs, best first, each hypothesis' attention cut the same way.
 
     Sources are decoded ``batch_size`` at a time, sorted by length so a batch pads little;
     greedy decoding stops a batch once every row has produced ``<end>``.
@@ -41,9 +42,14 @@ def translate_tokens(model: Model, sources: Sequence, src_vocab: data.Vocab, tgt
     Args:
         sources: token lists.  max_len: tokens to produce at most (default: twice the
             longest source in the batch, plus 10).  beam: beam width (None: greedy).
+        n_best: the hypotheses to return per source (needs ``beam`` >= ``n_best``).
+        length_penalty: Wu et al.'s alpha for beam search.
     """
     if batch_size < 1:
         raise ValueError(f"translate_tokens: batch_size must be >= 1, got {batch_size}")
+    if n_best is not None and (beam is None or n_best > beam):
+        raise ValueError(f"translate_tokens: n_best={n_best} needs a beam of at least {n_best}, "
+                         f"got beam={beam}")
     order = sorted(range(len(sources)), key=lambda index: len(sources[index]))
     results: list = [None] * len(sources)
     for begin in range(0, len(order), batch_size):
@@ -51,10 +57,19 @@ def translate_tokens(model: Model, sources: Sequence, src_vocab: data.Vocab, tgt
         chunk_sources = [sources[index] for index in chunk]
         src = data.encode_batch(chunk_sources, src_vocab)                            # (B, S)
         limit = max_len if max_len is not None else default_max_len(src.shape[1])
+        if n_best is not None:
+            found = model.beam_search(src, beam=beam, max_len=limit, length_penalty=length_penalty,
+                                      n_best=n_best)
+            for index, source, hypotheses in zip(chunk, chunk_sources, found, strict=True):
+                for hypothesis in hypotheses:
+                    if hypothesis.attention is not None:
+                        hypothesis.attention = hypothesis.attention[..., : len(source)]
+                results[index] = [(tgt_vocab.decode(h.tokens), h) for h in hypotheses]
+            continue
         if beam is None:
             ids, weights = model.greedy(src, max_len=limit)
         else:
-            ids, weights = model.beam_search(src, beam=beam, max_len=limit)
+            ids, weights = model.beam_search(src, beam=beam, max_len=limit, length_penalty=length_penalty)
         for row, (index, source) in enumerate(zip(chunk, chunk_sources, strict=True)):
             tokens = tgt_vocab.decode(ids[row])
             produced = len(tokens) + (1 if data.END in ids[row] else 0)

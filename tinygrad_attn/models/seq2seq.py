@@ -30,13 +30,12 @@ one call for every step).
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
 from .. import nn, scopes
-from ..autograd import ShapeError, no_grad, scope
+from ..autograd import ShapeError, scope
 from ..functional import cross_entropy
 from ..tensor import Tensor, cat
 from . import decoding
@@ -271,42 +270,44 @@ class Seq2Seq(nn.Module):
         return top, context, weights, states
 
     def _log_probs(self, top: Tensor, context: Tensor | None) -> np.ndarray:
-        """One decoding step's log-probabilities (B, V), float64, from (B, 1, ...) pieces.
-
-        ``<pad>`` and ``<start>`` are never produced: they get probability 0 and the rest is
-        renormalised (an output holding them would not decode to its tokens)."""
+        """One decoding step's log-probabilities (B, V), float64, from (B, 1, ...) pieces: the
+        model's own log-softmax over the whole vocabulary, as teacher forcing gives it."""
         feature = top if context is None else self._readout(top, context)
-        logits = self.out(feature)[:, 0].numpy().astype(np.float64)             # (B, V)
-        logits[:, [PAD, START]] = -np.inf
-        shifted = logits - logits.max(axis=-1, keepdims=True)
-        return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+        return decoding.log_softmax(self.out(feature)[:, 0].numpy())                # (B, V)
 
     # ------------------------------------------------------------ decoding
 
-    def decode_start(self, src: np.ndarray):
+    def decode_start(self, src: np.ndarray) -> _Decoding:
         """The decoding state of ``src`` (B, S): the memory and the decoder's states
         (``ta.models.decoding``'s protocol)."""
         memory = self.encode(src)
-        return memory, memory.states
+        return _Decoding(memory, memory.states, np.arange(src.shape[0]))
 
-    def decode_step(self, state, tokens: np.ndarray, t: int):
-        """One decoder step from the previous ids (N,): (log-probabilities (N, V), attention
-        (N, S) or None, the next state)."""
-        memory, states = state
+    def decode_step(self, state: _Decoding, tokens: np.ndarray, t: int):
+        """One decoder step from the previous ids (N,): (the model's log-probabilities (N, V)
+        float64, attention (N, S) or None, the next state)."""
         with scope(scopes.DECODER), scope(scopes.step(t)):
-            top, context, weight, states = self._step(tokens[:, None], states, memory)
+            top, context, weight, states = self._step(tokens[:, None], state.states, state.memory)
             log_probs = self._log_probs(top, context)                                # (N, V)
-        return log_probs, (None if weight is None else weight.numpy()[:, 0]), (memory, states)
+        attention = None if weight is None else weight.numpy()[:, 0]                # (N, S)
+        return log_probs, attention, _Decoding(state.memory, states, state.source)
 
-    def decode_select(self, state, rows: np.ndarray):
-        memory, states = state
-        return _memory_rows(memory, rows), [_select(s, rows) for s in states]
+    def decode_select(self, state: _Decoding, rows: np.ndarray) -> _Decoding:
+        source = state.source[rows]
+        # A beam's survivors mostly keep their sources' rows: the memory is copied only when
+        # the rows' sources change (the first step's fan-out, a finished source leaving).
+        memory = state.memory if np.array_equal(source, state.source) else _memory_rows(state.memory, rows)
+        return _Decoding(memory, [_select(s, rows) for s in state.states], source)
 
-    def greedy(self, src, max_len: int = 50):
+    def greedy(self, src, max_len: int = 50, min_length: int = 0, no_repeat_ngram_size: int = 0,
+               hypotheses: bool = False):
         """Decode by taking the most likely token at every step.
 
         Args:
             src: int array (B, S).  max_len: the most tokens to produce (``<end>`` included).
+            min_length: the fewest tokens before ``<end>``.  no_repeat_ngram_size: n > 0
+                forbids producing any n-gram twice.  hypotheses: return one
+                ``ta.models.Hypothesis`` per source (tokens, log_prob, attention) instead.
 
         Returns:
             (ids (B, L) int64: each row the tokens up to and including ``<end>``, then 0 (a
@@ -319,27 +320,41 @@ class Seq2Seq(nn.Module):
         masked row), and the decoder produces what it would with nothing to read, the same
         output for every such row.
         """
-        src = _ids(src, "src")
-        _check_positive(max_len, "max_len", "greedy")
-        with _inference(self):
-            return decoding.greedy(self, src, max_len)
+        return decoding.greedy(self, _ids(src, "src"), max_len, min_length, no_repeat_ngram_size, hypotheses)
+
+    def sample(self, src, max_len: int = 50, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+               seed=None, min_length: int = 0, no_repeat_ngram_size: int = 0, hypotheses: bool = False):
+        """Draw every output token from the model's distribution (``ta.models.decoding.sample``:
+        temperature, top-k, top-p, a seed); returns what ``greedy`` returns."""
+        return decoding.sample(self, _ids(src, "src"), max_len, temperature, top_k, top_p, seed, min_length,
+                               no_repeat_ngram_size, hypotheses)
 
     def beam_search(self, src, beam: int = 5, max_len: int = 50, length_penalty: float = 1.0,
-                    coverage_penalty: float = 0.0):
-        """Decode each source with a beam of ``beam`` hypotheses; keep the best finished one
-        (``ta.models.decoding.beam_search``: Wu et al. 2016's length and coverage penalties;
-        a beam of one is greedy decoding).  ``coverage_penalty`` needs attention.
+                    coverage_penalty: float = 0.0, min_length: int = 0, no_repeat_ngram_size: int = 0,
+                    n_best: int | None = None):
+        """Batched beam search (``ta.models.decoding.beam_search``): Wu et al. (2016)'s length
+        and coverage penalties, exact stopping; a beam of one is greedy decoding (with
+        ``length_penalty=0``).  ``coverage_penalty`` needs attention.
 
         Returns:
-            (ids (B, L) int64, weights (B, L, S) or None), laid out as ``greedy``'s.
+            (ids (B, L) int64, weights (B, L, S) or None) of each source's best hypothesis,
+            laid out as ``greedy``'s; with ``n_best=k``, per source its k best
+            ``ta.models.Hypothesis`` (tokens, score, log_prob, attention), best first.
         """
-        src = _ids(src, "src")
-        _check_positive(beam, "beam", "beam_search")
-        _check_positive(max_len, "max_len", "beam_search")
         if coverage_penalty and self.attention_kind is None:
             raise ValueError("beam_search: coverage_penalty needs a model with attention")
-        with _inference(self):
-            return decoding.beam_search(self, src, beam, max_len, length_penalty, coverage_penalty)
+        return decoding.beam_search(self, _ids(src, "src"), beam, max_len, length_penalty, coverage_penalty,
+                                    min_length, no_repeat_ngram_size, n_best)
+
+
+@dataclass
+class _Decoding:
+    """A decode of N rows: the memory of each row's source (N rows), the decoder's states, and
+    which source each row decodes (N,)."""
+
+    memory: Memory
+    states: list
+    source: np.ndarray
 
 
 # ---------------------------------------------------------------- helpers
@@ -351,13 +366,6 @@ def _size(vocab, what: str) -> int:
         raise ValueError(f"Seq2Seq: {what} must hold at least the 4 reserved ids (<pad>, <start>, "
                          f"<end>, <unk>), got size {size}")
     return int(size)
-
-
-def _check_positive(value, name: str, where: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{where}: {name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < 1:
-        raise ValueError(f"{where}: {name} must be positive, got {value}")
 
 
 def _ids(x, what: str) -> np.ndarray:
@@ -383,15 +391,3 @@ def _select(state, index: np.ndarray):
     if isinstance(state, tuple):
         return tuple(_select(s, index) for s in state)
     return Tensor(state.numpy()[index], dtype=state.dtype, device=state.device)
-
-
-@contextmanager
-def _inference(model: nn.Module):
-    """Eval mode and no graph while decoding; the model's mode is restored after."""
-    was_training = model.training
-    model.eval()
-    try:
-        with no_grad():
-            yield
-    finally:
-        model.train(was_training)

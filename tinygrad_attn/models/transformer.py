@@ -24,7 +24,7 @@ from ..attention import scaled_dot_product
 from ..autograd import ShapeError, scope
 from ..tensor import Tensor, cat
 from . import decoding
-from .seq2seq import PAD, START, _check_positive, _ids, _inference, _size
+from .seq2seq import PAD, START, _ids, _size
 
 __all__ = ["Transformer", "sinusoids"]
 
@@ -162,8 +162,9 @@ class Transformer(nn.Module):
 
     # ------------------------------------------------------------ decoding
 
-    def greedy(self, src, max_len: int = 50, use_cache: bool = True):
-        """The most likely token at every step.
+    def greedy(self, src, max_len: int = 50, min_length: int = 0, no_repeat_ngram_size: int = 0,
+               hypotheses: bool = False, use_cache: bool = True):
+        """The most likely token at every step (``Seq2Seq.greedy``'s options and returns).
 
         With ``use_cache`` each decoder layer keeps the keys and values of the tokens so far
         (and of the memory, computed once), so a step costs one token's work; without, every
@@ -173,38 +174,73 @@ class Transformer(nn.Module):
             (ids (B, L) int64, each row up to and including ``<end>`` then 0; attention
             (B, L, S): the last decoder layer's cross-attention, averaged over heads, zeros
             after ``<end>``).  For every layer and head, run ``model(src, tgt_in,
-            need_weights=True)`` on the output.
+            need_weights=True)`` on the output, or ``beam_search(..., n_best=k,
+            average_weights=False)``.
         """
-        src = _ids(src, "src")
-        _check_positive(max_len, "max_len", "greedy")
-        with _inference(self):
-            return decoding.greedy(self, src, max_len, use_cache=use_cache)
+        return decoding.greedy(self, _ids(src, "src"), max_len, min_length, no_repeat_ngram_size, hypotheses,
+                               use_cache=use_cache)
+
+    def sample(self, src, max_len: int = 50, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+               seed=None, min_length: int = 0, no_repeat_ngram_size: int = 0, hypotheses: bool = False,
+               use_cache: bool = True):
+        """Draw every output token from the model's distribution (``ta.models.decoding.sample``);
+        returns what ``greedy`` returns."""
+        return decoding.sample(self, _ids(src, "src"), max_len, temperature, top_k, top_p, seed, min_length,
+                               no_repeat_ngram_size, hypotheses, use_cache=use_cache)
 
     def beam_search(self, src, beam: int = 5, max_len: int = 50, length_penalty: float = 1.0,
-                    coverage_penalty: float = 0.0, use_cache: bool = True):
-        """Beam search as ``Seq2Seq.beam_search`` (``ta.models.decoding.beam_search``); the
-        coverage penalty reads the attention ``greedy`` returns.
+                    coverage_penalty: float = 0.0, min_length: int = 0, no_repeat_ngram_size: int = 0,
+                    n_best: int | None = None, use_cache: bool = True, average_weights: bool = True):
+        """Batched beam search as ``Seq2Seq.beam_search`` (``ta.models.decoding.beam_search``);
+        the coverage penalty reads the attention ``greedy`` returns.
+
+        With ``n_best`` and ``average_weights=False``, each hypothesis' attention is every
+        decoder layer's cross-attention, every head: (layers, H, len(tokens), S), what
+        ``layer_attention`` gives for the hypothesis teacher-forced (computed so, once, for
+        the returned hypotheses only: the search itself reads the averaged last layer).
 
         Returns:
-            (ids (B, L) int64, attention (B, L, S)), laid out as ``greedy``'s.
+            (ids (B, L) int64, attention (B, L, S)), laid out as ``greedy``'s; with ``n_best``,
+            per source a list of ``ta.models.Hypothesis``, best first.
         """
         src = _ids(src, "src")
-        _check_positive(beam, "beam", "beam_search")
-        _check_positive(max_len, "max_len", "beam_search")
-        with _inference(self):
-            return decoding.beam_search(self, src, beam, max_len, length_penalty, coverage_penalty,
-                                        use_cache=use_cache)
+        if not average_weights and n_best is None:
+            raise ValueError("beam_search: average_weights=False gives each hypothesis every layer and "
+                             "head, so it needs n_best")
+        found = decoding.beam_search(self, src, beam, max_len, length_penalty, coverage_penalty, min_length,
+                                     no_repeat_ngram_size, n_best, use_cache=use_cache)
+        if not average_weights:
+            self._every_head(src, found)
+        return found
+
+    def _every_head(self, src: np.ndarray, found: list) -> None:
+        """Replace each hypothesis' attention by every layer's and head's cross-attention, from
+        one teacher-forced pass over all of them."""
+        hypotheses = [(b, h) for b, nbest in enumerate(found) for h in nbest]
+        if not hypotheses:
+            return
+        length = max(len(h.tokens) for _, h in hypotheses)
+        tgt_in = np.zeros((len(hypotheses), length), dtype=np.int64)                # (N, T)
+        tgt_in[:, 0] = START
+        for row, (_, h) in enumerate(hypotheses):
+            tgt_in[row, 1 : len(h.tokens)] = h.tokens[:-1]
+        sources = src[[b for b, _ in hypotheses]]                                  # (N, S)
+        with decoding.inference(self):
+            _, weights = self(sources, tgt_in, need_weights=True)
+        grid = self.layer_attention(weights)                                        # (layers, N, H, T, S)
+        for row, (_, h) in enumerate(hypotheses):
+            h.attention = grid[:, row, :, : len(h.tokens)]                         # (layers, H, |Y|, S)
 
     def decode_start(self, src: np.ndarray, use_cache: bool = True) -> _State:
         """``ta.models.decoding``'s protocol: the state of a decode of ``src`` (B, S), with
         the key/value cache or (``use_cache=False``) re-running the prefix every step."""
         caches = [{} for _ in self.transformer.decoder.layers]
         return _State(self.encode(src), src != PAD, caches, np.full((src.shape[0], 0), START, dtype=np.int64),
-                      use_cache)
+                      use_cache, np.arange(src.shape[0]))
 
     def decode_step(self, state: _State, tokens: np.ndarray, t: int):
-        """One step from the previous ids (N,): (log-probabilities (N, V), the last decoder
-        layer's cross-attention averaged over heads (N, S), the next state)."""
+        """One step from the previous ids (N,): (the model's log-probabilities (N, V) float64,
+        the last decoder layer's cross-attention averaged over heads (N, S), the next state)."""
         prefix = np.concatenate([state.prefix, tokens[:, None]], axis=1)          # (N, t + 1)
         # Only the last layer's cross-attention: the other calls rebuild no weights.
         last = len(self.transformer.decoder.layers) - 1
@@ -215,19 +251,24 @@ class Transformer(nn.Module):
             else:
                 h = self.transformer.decoder(self._embed(self.tgt_embed, prefix), state.memory,
                                              memory_key_mask=state.memory_mask, causal=True)[:, -1:]
-            log_probs = np.array(self.out(h).log_softmax(-1).numpy()[:, 0], dtype=np.float64)   # (N, V)
-        log_probs[:, [PAD, START]] = -np.inf
+            log_probs = decoding.log_softmax(self.out(h).numpy()[:, 0])               # (N, V)
         attention = weights[key][:, :, -1].mean(axis=1)                            # (N, S)
         return log_probs, attention, _State(state.memory, state.memory_mask, state.caches, prefix,
-                                            state.use_cache)
+                                            state.use_cache, state.source)
 
     def decode_select(self, state: _State, rows: np.ndarray) -> _State:
         def take(x):
             return Tensor(x.numpy()[rows], dtype=x.dtype, device=x.device)
 
-        caches = [{key: (take(k), take(v)) for key, (k, v) in cache.items()} for cache in state.caches]
-        return _State(take(state.memory), state.memory_mask[rows], caches, state.prefix[rows],
-                      state.use_cache)
+        source = state.source[rows]
+        # The memory and its projected keys and values depend on the source only: copied only
+        # when the rows' sources change (the first step's fan-out, a finished source leaving).
+        same = np.array_equal(source, state.source)
+        caches = [{key: (k, v) if same and key == MEMORY else (take(k), take(v))
+                   for key, (k, v) in cache.items()} for cache in state.caches]
+        memory = state.memory if same else take(state.memory)
+        mask = state.memory_mask if same else state.memory_mask[rows]
+        return _State(memory, mask, caches, state.prefix[rows], state.use_cache, source)
 
     def _cached_step(self, token: np.ndarray, t: int, memory: Tensor, memory_mask: np.ndarray,
                      caches: list[dict]) -> Tensor:
@@ -240,6 +281,10 @@ class Transformer(nn.Module):
         return x if decoder.norm is None else decoder.norm(x)
 
 
+# The cache entry of a layer's cross-attention: the memory's projected keys and values.
+MEMORY = "memory"
+
+
 def _key(*scope_names: str) -> str:
     """The key ``ta.attention.record`` files a call under: its scope path."""
     return "/".join(scope_names)
@@ -248,14 +293,15 @@ def _key(*scope_names: str) -> str:
 @dataclass
 class _State:
     """A decode of N rows before step t: the memory (N, S, E) and its mask, each decoder
-    layer's cached keys and values (N, H, t, D), and the ids fed so far (N, t), ``<start>``
-    first."""
+    layer's cached keys and values (N, H, t, D) (its cross-attention's: the memory's, (N, H,
+    S, D), under ``MEMORY``), and the ids fed so far (N, t), ``<start>`` first."""
 
     memory: Tensor
     memory_mask: np.ndarray
     caches: list
     prefix: np.ndarray
     use_cache: bool
+    source: np.ndarray          # (N,) which source each row decodes
 
 
 def _layer_step(layer: nn.TransformerDecoderLayer, x: Tensor, memory: Tensor, memory_mask: np.ndarray,
@@ -269,7 +315,7 @@ def _layer_step(layer: nn.TransformerDecoderLayer, x: Tensor, memory: Tensor, me
 
     def attend_memory(h):
         with scope(scopes.CROSS_ATTENTION):
-            return _cached_attention(layer.multihead_attn, h, memory, cache, "memory", extend=False,
+            return _cached_attention(layer.multihead_attn, h, memory, cache, MEMORY, extend=False,
                                      key_mask=memory_mask)
 
     x = layer._sublayer(x, layer.norm1, layer.dropout1, attend_self)
