@@ -264,8 +264,8 @@ class Transformer(nn.Module):
         # The memory and its projected keys and values depend on the source only: copied only
         # when the rows' sources change (the first step's fan-out, a finished source leaving).
         same = np.array_equal(source, state.source)
-        caches = [{key: (k, v) if same and key == MEMORY else (take(k), take(v))
-                   for key, (k, v) in cache.items()} for cache in state.caches]
+        caches = [{key: value if key == WEIGHTS or (same and key == MEMORY) else tuple(map(take, value))
+                   for key, value in cache.items()} for cache in state.caches]
         memory = state.memory if same else take(state.memory)
         mask = state.memory_mask if same else state.memory_mask[rows]
         return _State(memory, mask, caches, state.prefix[rows], state.use_cache, source)
@@ -281,8 +281,9 @@ class Transformer(nn.Module):
         return x if decoder.norm is None else decoder.norm(x)
 
 
-# The cache entry of a layer's cross-attention: the memory's projected keys and values.
-MEMORY = "memory"
+# The cache entry of a layer's cross-attention: the memory's projected keys and values; and
+# the entry of the projection weights' slices, per attention (the same for every row).
+MEMORY, WEIGHTS = "memory", "weights"
 
 
 def _key(*scope_names: str) -> str:
@@ -294,7 +295,8 @@ def _key(*scope_names: str) -> str:
 class _State:
     """A decode of N rows before step t: the memory (N, S, E) and its mask, each decoder
     layer's cached keys and values (N, H, t, D) (its cross-attention's: the memory's, (N, H,
-    S, D), under ``MEMORY``), and the ids fed so far (N, t), ``<start>`` first."""
+    S, D), under ``MEMORY``; its attentions' projection weights under ``WEIGHTS``), and the
+    ids fed so far (N, t), ``<start>`` first."""
 
     memory: Tensor
     memory_mask: np.ndarray
@@ -327,19 +329,36 @@ def _cached_attention(mha: nn.MultiHeadAttention, query: Tensor, source: Tensor,
                       extend: bool, key_mask: np.ndarray | None = None) -> Tensor:
     """Multi-head attention of ``query`` (B, 1, E) over cached keys and values: with ``extend``
     the source's projections are appended to the cache (self-attention), else they are
-    computed once (cross-attention)."""
+    computed once (cross-attention).
+
+    Decoding runs without a graph, one token at a time, so a step is a few dozen small ops
+    whose dispatch costs more than their arithmetic: self-attention projects the new token's
+    query, key and value in one product with the packed in_proj_weight, and the weights'
+    slices are taken once per decode (kept in the cache), not every step."""
     batch, E, H = query.shape[0], mha.embed_dim, mha.num_heads
-    (W_q, W_k, W_v), (b_q, b_k, b_v) = mha._projections()
+    weights = cache.setdefault(WEIGHTS, {})
+    if key not in weights:
+        weights[key] = mha._projections()
+    (W_q, W_k, W_v), (b_q, b_k, b_v) = weights[key]
 
     def heads(x, W, b):
         return F.linear(x, W, b).reshape(batch, x.shape[1], H, E // H).transpose(1, 2)   # (B, H, L, D)
 
-    if extend or key not in cache:
-        k, v = heads(source, W_k, b_k), heads(source, W_v, b_v)
-        if extend and key in cache:
+    if extend and source is query and "in_proj_weight" in mha._parameters:
+        qkv = F.linear(query, mha.in_proj_weight, mha.in_proj_bias)                       # (B, 1, 3E)
+        qkv = qkv.reshape(batch, 3, H, 1, E // H).permute(1, 0, 2, 3, 4)                 # (3, B, H, 1, D)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        if key in cache:
             k, v = cat([cache[key][0], k], axis=2), cat([cache[key][1], v], axis=2)
         cache[key] = (k, v)
+    else:
+        if extend or key not in cache:
+            k, v = heads(source, W_k, b_k), heads(source, W_v, b_v)
+            if extend and key in cache:
+                k, v = cat([cache[key][0], k], axis=2), cat([cache[key][1], v], axis=2)
+            cache[key] = (k, v)
+        q = heads(query, W_q, b_q)
     k, v = cache[key]
     mask = None if key_mask is None else Tensor(key_mask[:, None, None, :], device=query.device)
-    context, _ = scaled_dot_product(heads(query, W_q, b_q), k, v, mask=mask, need_weights=False)
+    context, _ = scaled_dot_product(q, k, v, mask=mask, need_weights=False)
     return F.linear(context.transpose(1, 2).reshape(batch, 1, E), mha.out_proj.weight, mha.out_proj.bias)

@@ -1,0 +1,257 @@
+"""The Transformer against PyTorch eager, same weights, float32: one training step, and cached
+greedy decoding.
+
+    training step   ta.models.Transformer(d_model 128, 4 heads, 2+2 layers, feed-forward 512,
+                    dropout 0) with ta.optim.Adam: zero_grad, loss, backward, update, on a batch
+                    of 32 with source and target length 20 (no padding); against the same model
+                    in PyTorch (torch.nn.Transformer(batch_first=True), nn.Embedding, nn.Linear,
+                    the same sinusoids) with torch.optim.Adam, the engine's weights loaded.
+    greedy decode   32 sources of length 20, 20 steps each (the untrained models agree on every
+                    token, so both run every step), sentences per second:
+                      ta          model.greedy(src, max_len=20), keys and values cached
+                      torch       the same model, eval mode and no_grad, decoded the way the
+                                  PyTorch tutorials do: the whole prefix through
+                                  nn.TransformerDecoder each step (it has no cache)
+                      torch+cache the same weights with a hand-written key/value cache (each
+                                  layer's projections via F.linear, F.scaled_dot_product_attention)
+
+Before timing, the twins are checked to agree: training loss and every gradient to 1e-4 relative,
+and identical greedy outputs.  Contenders alternate within each repeat; ratios are of medians
+from the same run (absolute times drift between runs on shared machines).
+
+Run:  .venv/bin/python bench/transformer.py [--repeats 7] [--budget 0.5] [--threads N]
+          [--only train|decode] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+
+import numpy as np
+from profiling import profile_step
+from timing import cpu_model, cpu_seconds, others_note, run_alternating, set_threads
+
+import tinygrad_attn as ta
+
+try:
+    import torch
+except ImportError:  # time ours alone
+    torch = None
+
+VOCAB, D_MODEL, HEADS, LAYERS, FF, BATCH, LENGTH = 40, 128, 4, 2, 512, 32, 20
+TOL = 1e-4
+
+
+def batch(size: int = BATCH, seed: int = 1):
+    rng = np.random.default_rng(seed)
+    src = rng.integers(3, VOCAB, (size, LENGTH))
+    tgt = rng.integers(3, VOCAB, (size, LENGTH))
+    tgt_in = np.concatenate([np.full((size, 1), 1), tgt[:, :-1]], axis=1)
+    return src, tgt_in, tgt
+
+
+def engine_model():
+    ta.manual_seed(0)
+    return ta.models.Transformer(VOCAB, VOCAB, d_model=D_MODEL, nhead=HEADS, num_encoder_layers=LAYERS,
+                                 num_decoder_layers=LAYERS, dim_feedforward=FF, dropout=0.0)
+
+
+def training_step(model, optimizer, src, tgt_in, tgt_out):
+    """One step as both frameworks spell it: zero_grad, loss, backward, update."""
+
+    def step():
+        optimizer.zero_grad()
+        loss = model.loss(src, tgt_in, tgt_out)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step
+
+
+class TorchTransformer(torch.nn.Module if torch else object):
+    """The engine's ``ta.models.Transformer``, written with torch's own layers; the engine's
+    state_dict loads into it unchanged (the same names)."""
+
+    def __init__(self, engine):
+        super().__init__()
+        nn = torch.nn
+        self.transformer = nn.Transformer(D_MODEL, HEADS, LAYERS, LAYERS, FF, dropout=0.0, batch_first=True)
+        self.src_embed = nn.Embedding(VOCAB, D_MODEL, padding_idx=0)
+        self.tgt_embed = nn.Embedding(VOCAB, D_MODEL, padding_idx=0)
+        self.out = nn.Linear(D_MODEL, VOCAB)
+        self.register_buffer("positions", torch.from_numpy(engine._sinusoids).float(), persistent=False)
+        self.load_state_dict({k: torch.from_numpy(v) for k, v in engine.state_dict().items()})
+
+    def embed(self, table, ids, start: int = 0):
+        return table(ids) * math.sqrt(D_MODEL) + self.positions[start:start + ids.shape[1]]
+
+    def encode(self, src):
+        return self.transformer.encoder(self.embed(self.src_embed, src), src_key_padding_mask=src == 0)
+
+    def decode(self, tgt_in, memory, src):
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(tgt_in.shape[1], dtype=torch.bool)
+        return self.transformer.decoder(self.embed(self.tgt_embed, tgt_in), memory, tgt_mask=causal,
+                                        tgt_key_padding_mask=tgt_in == 0, memory_key_padding_mask=src == 0)
+
+    def loss(self, src, tgt_in, tgt_out):
+        logits = self.out(self.decode(tgt_in, self.encode(src), src))
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tgt_out.reshape(-1),
+                                                 ignore_index=0)
+
+    @torch.no_grad()
+    def greedy(self, src, max_len: int):
+        """The whole prefix through the decoder every step, as the tutorials decode."""
+        memory = self.encode(src)
+        ys = torch.ones(src.shape[0], 1, dtype=torch.long)
+        for _ in range(max_len):
+            logits = self.out(self.decode(ys, memory, src)[:, -1])
+            ys = torch.cat([ys, _pick(logits)[:, None]], dim=1)
+        return ys[:, 1:]
+
+    @torch.no_grad()
+    def greedy_cached(self, src, max_len: int):
+        """A key/value cache written by hand over the same modules (post-norm layers)."""
+        F = torch.nn.functional
+        memory = self.encode(src)
+        batch_size, heads = src.shape[0], HEADS
+        pad = (src == 0)[:, None, None, :]                      # True = masked, torch's convention
+
+        def merge(a):
+            return a.transpose(1, 2).reshape(batch_size, 1, D_MODEL)
+
+        def split(x):
+            return x.view(batch_size, -1, heads, D_MODEL // heads).transpose(1, 2)
+
+        def project(mha, x, which):
+            W = mha.in_proj_weight.chunk(3)[which]
+            b = mha.in_proj_bias.chunk(3)[which]
+            return split(F.linear(x, W, b))
+
+        layers = self.transformer.decoder.layers
+        memory_kv = [(project(la.multihead_attn, memory, 1), project(la.multihead_attn, memory, 2))
+                     for la in layers]
+        self_kv = [None] * len(layers)
+        y = torch.ones(batch_size, dtype=torch.long)
+        out = []
+        for t in range(max_len):
+            x = self.embed(self.tgt_embed, y[:, None], start=t)
+            for i, la in enumerate(layers):
+                k, v = project(la.self_attn, x, 1), project(la.self_attn, x, 2)
+                if self_kv[i] is not None:
+                    k, v = torch.cat([self_kv[i][0], k], 2), torch.cat([self_kv[i][1], v], 2)
+                self_kv[i] = (k, v)
+                a = F.scaled_dot_product_attention(project(la.self_attn, x, 0), k, v)
+                x = la.norm1(x + la.self_attn.out_proj(merge(a)))
+                mk, mv = memory_kv[i]
+                a = F.scaled_dot_product_attention(project(la.multihead_attn, x, 0), mk, mv, attn_mask=~pad)
+                x = la.norm2(x + la.multihead_attn.out_proj(merge(a)))
+                x = la.norm3(x + la.linear2(F.relu(la.linear1(x))))
+            y = _pick(self.out(self.transformer.decoder.norm(x)[:, 0]))
+            out.append(y)
+        return torch.stack(out, 1)
+
+
+def _pick(logits):
+    """argmax over the tokens the engine may produce (<pad> and <start> excluded)."""
+    logits = logits.clone()
+    logits[:, :2] = float("-inf")
+    return logits.argmax(-1)
+
+
+def check_training(model, twin) -> None:
+    src, tgt_in, tgt_out = batch()
+    loss = model.loss(src, tgt_in, tgt_out)
+    loss.backward()
+    theirs = twin.loss(*(torch.from_numpy(a) for a in (src, tgt_in, tgt_out)))
+    theirs.backward()
+    if abs(loss.item() - theirs.item()) > TOL * abs(theirs.item()):
+        sys.exit(f"the torch twin disagrees: loss {theirs.item()} against the engine's {loss.item()}")
+    grads = dict(twin.named_parameters())
+    for name, p in model.named_parameters():
+        g, h = p.grad.numpy(), grads[name].grad.numpy()
+        if np.abs(g - h).max() > TOL * max(np.abs(h).max(), 1e-6):
+            sys.exit(f"the torch twin disagrees on the gradient of {name}")
+    model.zero_grad()
+    twin.zero_grad()
+
+
+def bench_training(args) -> None:
+    model = engine_model()
+    contenders = {"ta": training_step(model, ta.optim.Adam(model.parameters(), lr=1e-4), *batch())}
+    if torch is not None:
+        twin = TorchTransformer(model)
+        check_training(model, twin)
+        src, tgt_in, tgt_out = (torch.from_numpy(a) for a in batch())
+        contenders["torch"] = training_step(twin, torch.optim.Adam(twin.parameters(), lr=1e-4),
+                                            src, tgt_in, tgt_out)
+    report("training step, ms", run_alternating(contenders, args.repeats, args.budget), lower_is_better=True)
+
+
+def bench_decode(args) -> None:
+    model = engine_model()
+    src = batch()[0]
+    contenders = {"ta": lambda: model.greedy(src, max_len=LENGTH)}
+    if torch is not None:
+        twin = TorchTransformer(model).eval()
+        ours = model.greedy(src, max_len=LENGTH)[0]
+        source = torch.from_numpy(src)
+        for name, decode in (("torch", twin.greedy), ("torch+cache", twin.greedy_cached)):
+            theirs = decode(source, LENGTH).numpy()
+            if ours.shape != theirs.shape or not (ours == theirs).all():
+                sys.exit(f"{name} decodes differently from the engine")
+            contenders[name] = (lambda d: lambda: d(source, LENGTH))(decode)
+    # run_alternating times calls; sentences/s = batch / seconds per call.
+    times = run_alternating(contenders, args.repeats, args.budget, unit=1.0)
+    report("greedy decoding, sentences/s", {k: [BATCH / t for t in ts] for k, ts in times.items()},
+           lower_is_better=False)
+
+
+def report(title: str, times: dict, lower_is_better: bool) -> None:
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    print(f"{title}:")
+    for name, value in med.items():
+        spread = f"{min(times[name]):.1f}-{max(times[name]):.1f}"
+        line = f"  {name:<12} {value:9.1f}   (repeats {spread})"
+        if name != "ta":
+            ratio = med["ta"] / value if lower_is_better else value / med["ta"]
+            line += f"   ta takes {ratio:.2f}x the time of {name}"
+        print(line)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--budget", type=float, default=0.5, help="seconds per measurement")
+    parser.add_argument("--threads", type=int, default=None, help="pin every thread pool to N")
+    parser.add_argument("--only", choices=["train", "decode"], default=None)
+    parser.add_argument("--profile", action="store_true", help="break ours down by op and kernel instead")
+    args = parser.parse_args(argv)
+    if args.threads:
+        set_threads(args.threads, torch)
+    if args.profile:
+        model = engine_model()
+        if args.only in (None, "train"):
+            step = training_step(model, ta.optim.Adam(model.parameters(), lr=1e-4), *batch())
+            profile_step(step, "training step", steps=10)
+        if args.only in (None, "decode"):
+            src = batch()[0]
+            profile_step(lambda: model.greedy(src, max_len=LENGTH), "greedy decoding", steps=5)
+        return
+    print(f"# Transformer, d_model {D_MODEL}, {HEADS} heads, {LAYERS}+{LAYERS} layers, feed-forward {FF}, "
+          f"batch {BATCH}, length {LENGTH}, float32; {cpu_model()}")
+    if torch is None:
+        print("# torch is not installed: the engine is timed alone")
+    since = cpu_seconds()
+    if args.only in (None, "train"):
+        bench_training(args)
+    if args.only in (None, "decode"):
+        bench_decode(args)
+    others_note(since, "during the run")
+
+
+if __name__ == "__main__":
+    main()
