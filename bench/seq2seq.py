@@ -26,7 +26,7 @@ import statistics
 import sys
 
 import numpy as np
-from timing import cpu_model, cpu_seconds, others_note, run_alternating, set_threads
+from timing import cpu_model, cpu_seconds, others_note, run_alternating, set_threads, training_step
 
 import tinygrad_attn as ta
 
@@ -46,19 +46,6 @@ def batch(size: int, seed: int):
     tgt = rng.integers(3, VOCAB, (size, LENGTH))
     tgt_in = np.concatenate([np.full((size, 1), 1), tgt[:, :-1]], axis=1)
     return src, tgt_in, tgt
-
-
-def training_step(model, optimizer, src, tgt_in, tgt_out):
-    """One step as both frameworks spell it: zero_grad, loss, backward, update."""
-
-    def step():
-        optimizer.zero_grad()
-        loss = model.loss(src, tgt_in, tgt_out)
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    return step
 
 
 def engine_step(hidden: int, size: int, device: str):

@@ -81,3 +81,16 @@ def run_alternating(contenders: dict, repeats: int, budget_s: float, unit: float
                 step()
             times[name].append((time.perf_counter() - t0) / n * unit)
     return times
+
+
+def training_step(model, optimizer, src, tgt_in, tgt_out):
+    """One step as both frameworks spell it: zero_grad, loss, backward, update."""
+
+    def step():
+        optimizer.zero_grad()
+        loss = model.loss(src, tgt_in, tgt_out)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step

@@ -32,7 +32,7 @@ import sys
 
 import numpy as np
 from profiling import profile_step
-from timing import cpu_model, cpu_seconds, others_note, run_alternating, set_threads
+from timing import cpu_model, cpu_seconds, others_note, run_alternating, set_threads, training_step
 
 import tinygrad_attn as ta
 
@@ -57,19 +57,6 @@ def engine_model():
     ta.manual_seed(0)
     return ta.models.Transformer(VOCAB, VOCAB, d_model=D_MODEL, nhead=HEADS, num_encoder_layers=LAYERS,
                                  num_decoder_layers=LAYERS, dim_feedforward=FF, dropout=0.0)
-
-
-def training_step(model, optimizer, src, tgt_in, tgt_out):
-    """One step as both frameworks spell it: zero_grad, loss, backward, update."""
-
-    def step():
-        optimizer.zero_grad()
-        loss = model.loss(src, tgt_in, tgt_out)
-        loss.backward()
-        optimizer.step()
-        return loss
-
-    return step
 
 
 class TorchTransformer(torch.nn.Module if torch else object):
