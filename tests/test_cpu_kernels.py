@@ -49,6 +49,7 @@ def small_blocks(monkeypatch):
     monkeypatch.setattr(attention, "SDPA_QUERY_BLOCK", 4)
     monkeypatch.setattr(attention, "SDPA_KEY_BLOCK", 3)
     monkeypatch.setattr(attention, "SDPA_KERNEL_MIN", 0)
+    monkeypatch.setattr(attention, "SDPA_HEAD_MIN", 0)
 
 
 # The patched block sizes hold for every generated input: the fixture need not rerun.
@@ -217,6 +218,7 @@ def _sdpa_case(dtype, causal, n=3):
 def kernels_at_any_size(monkeypatch):
     """The kernels (not the reference) for the small inputs of these tests."""
     monkeypatch.setattr(attention, "SDPA_KERNEL_MIN", 0)
+    monkeypatch.setattr(attention, "SDPA_HEAD_MIN", 0)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -351,7 +351,13 @@ def _over_heads(work, n, *args):
 # D = 32, 128 heads of 20 keys): forward 6x faster with 1 query, 1.2x with 20; backward 1.5-2x
 # faster with up to 4 queries but 1.5x slower with 20, where its five per-pair loops over D
 # lose to batched BLAS products: so backward keeps the reference beyond SDPA_SMALL_BACK_QUERIES.
+# Many small heads take the same path: the blocked kernel's per-head Python loop costs ~40 us
+# a head, which 256 heads of 16 x 16 scores (a Transformer at batch 64) pay 256 times for
+# little arithmetic.  Forward+backward, one thread, (N, T, D): (256, 16, 16) 9.7 ms blocked
+# against 1.5 ms; (256, 48, 16) 14.0 against 9.1; (256, 64, 16) 16.7 against 15.4; (256, 96,
+# 16) 23.7 against 33.1: so heads of fewer than 64 x 64 scores stay off the blocked kernel.
 SDPA_KERNEL_MIN = 65536
+SDPA_HEAD_MIN = 4096
 SDPA_SMALL_BACK_QUERIES = 4
 SDPA_SMALL_PARALLEL_MIN = 1 << 20      # scores x head size at a 10 us launch (parallel_min)
 
@@ -467,6 +473,10 @@ def _sdpa_small_back_parallel(q, k, v, o, lse, do, mask, has_mask, causal, scale
         _sdpa_small_back_head(np.int64(n), q, k, v, o, lse, do, mask, has_mask, causal, scale, dq, dk, dv)
 
 
+def _small_heads(n, t_q, t_k) -> bool:
+    return n * t_q * t_k < SDPA_KERNEL_MIN or t_q * t_k < SDPA_HEAD_MIN
+
+
 def _small_kernel(serial, parallel, q, k):
     work = q.shape[0] * q.shape[1] * k.shape[1] * q.shape[2]
     return parallel if q.shape[0] > 1 and work >= _scaled(SDPA_SMALL_PARALLEL_MIN) else serial
@@ -510,7 +520,7 @@ def sdpa(q, k, v, mask, scale, causal, with_weights=False):
     from lse after it)."""
     n, t_q, _ = q.shape
     t_k, d_v = k.shape[1], v.shape[2]
-    if n * t_q * t_k < SDPA_KERNEL_MIN:
+    if _small_heads(n, t_q, t_k):
         return _sdpa_small(q, k, v, mask, scale, causal, with_weights)
     if with_weights and t_k > SDPA_KEY_BLOCK:
         o, lse = sdpa(q, k, v, mask, scale, causal)
@@ -526,7 +536,7 @@ def sdpa(q, k, v, mask, scale, causal, with_weights=False):
 
 def sdpa_back(q, k, v, o, lse, do, mask, scale, causal):
     """Gradients head by head, each (query, key) block's weights rebuilt from lse."""
-    if q.shape[0] * q.shape[1] * k.shape[1] < SDPA_KERNEL_MIN:
+    if _small_heads(q.shape[0], q.shape[1], k.shape[1]):
         if q.shape[1] <= SDPA_SMALL_BACK_QUERIES:
             return _sdpa_small_back(q, k, v, o, lse, do, mask, scale, causal)
         return reference.sdpa_back(q, k, v, o, lse, do, mask, scale, causal)
@@ -553,7 +563,7 @@ def sdpa_weights(q, k, lse, mask, scale, causal):
     """The weights sdpa did not keep, from its lse: BLAS for the scores, then one Numba pass
     for exp(s - lse) and the mask, in place."""
     n, t_q, _ = q.shape
-    if n * t_q * k.shape[1] < SDPA_KERNEL_MIN:
+    if _small_heads(n, t_q, k.shape[1]):
         return reference.sdpa_weights(q, k, lse, mask, scale, causal)
     q, k, lse = _contiguous(q, k, lse)
     s = np.matmul(q * q.dtype.type(scale), k.transpose(0, 2, 1))                 # (N, T_q, T_k)
