@@ -3,10 +3,11 @@ eager on the same data, for the same wall-clock budget, scored the same way.
 
     engine   examples/g2p_cmudict.py: ta.models.Seq2Seq with a bidirectional GRU encoder and
              either Bahdanau additive or Luong "general" attention (its settings.json)
-    torch    this script: the same model written the usual PyTorch way (nn.GRU over packed
-             sequences for the encoder; Bahdanau: a GRUCell and the additive score step by
-             step; Luong: one nn.GRU call over the target, then attention for every step at
-             once), starting from the engine's initial weights (same seed), trained on the
+    torch    this script: the same model written the usual PyTorch way, the engine model's
+             ``to_torch()`` twin (tinygrad_attn.export.torch: nn.GRU over packed sequences
+             for the encoder; Bahdanau: torch's GRU cell kernel and the additive score step
+             by step; Luong: one nn.GRU call over the target, then attention for every step
+             at once), starting from the engine's initial weights (same seed), trained on the
              same batches (ta.data.sample_batches, same seed and bucketing) with
              torch.optim.Adam, the same warm-up + cosine schedule, clipping and dropout,
              validated every --eval-every steps on the same split (greedy exact match, best
@@ -36,111 +37,10 @@ import tinygrad_attn as ta
 
 try:
     import torch
+
+    from tinygrad_attn.export.torch import greedy
 except ImportError:  # pragma: no cover - said once, in main
     torch = None
-
-PAD, START, END = ta.data.PAD, ta.data.START, ta.data.END
-
-
-class TorchG2P(torch.nn.Module if torch else object):
-    """The engine's bidirectional-GRU Seq2Seq, parameter for parameter, in PyTorch: either
-    Bahdanau (additive attention, the context fed to a GRUCell step by step) or Luong
-    ("general" attention over the states of an nn.GRU decoder, then tanh(W_c [c; h]))."""
-
-    def __init__(self, src_vocab: int, tgt_vocab: int, embed: int, hidden: int, dropout: float,
-                 style: str = "bahdanau"):
-        super().__init__()
-        nn = torch.nn
-        self.style = style
-        self.src_embed = nn.Embedding(src_vocab, embed, padding_idx=PAD)
-        self.tgt_embed = nn.Embedding(tgt_vocab, embed, padding_idx=PAD)
-        self.encoder = nn.GRU(embed, hidden, batch_first=True, bidirectional=True)
-        self.bridge = nn.Linear(2 * hidden, hidden)
-        if style == "bahdanau":
-            self.cell = nn.GRUCell(embed + 2 * hidden, hidden)
-            self.W_q = nn.Parameter(torch.empty(hidden, hidden))
-            self.W_k = nn.Parameter(torch.empty(hidden, 2 * hidden))
-            self.v = nn.Parameter(torch.empty(hidden))
-            self.out = nn.Linear(3 * hidden, tgt_vocab)
-        else:
-            self.decoder = nn.GRU(embed, hidden, batch_first=True)
-            self.W_a = nn.Parameter(torch.empty(hidden, 2 * hidden))
-            self.W_c = nn.Linear(3 * hidden, hidden, bias=False)
-            self.out = nn.Linear(hidden, tgt_vocab)
-        self.drop = nn.Dropout(dropout)
-
-    def load_engine(self, model) -> None:
-        names = {"decoder.weight_ih_l0": "cell.weight_ih", "decoder.weight_hh_l0": "cell.weight_hh",
-                 "decoder.bias_ih_l0": "cell.bias_ih", "decoder.bias_hh_l0": "cell.bias_hh",
-                 "attention.W_q": "W_q", "attention.W_k": "W_k", "attention.v": "v"}
-        if self.style == "luong":
-            names = {"attention.W": "W_a", "attention_vector.W_c.weight": "W_c.weight"}
-        self.load_state_dict({names.get(k, k): torch.from_numpy(v) for k, v in model.state_dict().items()})
-
-    def encode(self, src):
-        mask = src != PAD                                                      # (B, S)
-        lengths = mask.sum(1)
-        packed = torch.nn.utils.rnn.pack_padded_sequence(self.drop(self.src_embed(src)), lengths.cpu(),
-                                                         batch_first=True, enforce_sorted=False)
-        outputs, h_n = self.encoder(packed)
-        keys, _ = torch.nn.utils.rnn.pad_packed_sequence(outputs, batch_first=True,
-                                                         total_length=src.shape[1])   # (B, S, 2H)
-        s = torch.tanh(self.bridge(torch.cat([h_n[0], h_n[1]], -1)))           # (B, H)
-        keys_proj = keys @ self.W_k.T if self.style == "bahdanau" else None
-        return keys, keys_proj, mask, s
-
-    def step(self, y, s, keys, keys_proj, mask):
-        """Bahdanau: one decoder step from s_{i-1}."""
-        scores = torch.tanh((s @ self.W_q.T)[:, None] + keys_proj) @ self.v    # (B, S)
-        weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
-        context = torch.bmm(weights[:, None], keys)[:, 0]                      # (B, 2H)
-        s = self.cell(torch.cat([self.drop(self.tgt_embed(y)), context], -1), s)
-        return s, context
-
-    def luong_features(self, tops, keys, mask):
-        """Luong: every decoder state (B, T, H) attends at once -> tanh(W_c [c; h])."""
-        scores = (tops @ self.W_a) @ keys.transpose(1, 2)                      # (B, T, S)
-        weights = torch.softmax(scores.masked_fill(~mask[:, None], float("-inf")), dim=-1)
-        context = weights @ keys                                               # (B, T, 2H)
-        return torch.tanh(self.W_c(torch.cat([context, tops], -1)))           # (B, T, H)
-
-    def loss(self, src, tgt_in, tgt_out):
-        keys, keys_proj, mask, s = self.encode(src)
-        if self.style == "luong":
-            tops, _ = self.decoder(self.drop(self.tgt_embed(tgt_in)), s[None])  # (B, T, H)
-            features = self.luong_features(tops, keys, mask)
-        else:
-            tops, contexts = [], []
-            for t in range(tgt_in.shape[1]):
-                s, context = self.step(tgt_in[:, t], s, keys, keys_proj, mask)
-                tops.append(s)
-                contexts.append(context)
-            features = torch.cat([torch.stack(tops, 1), torch.stack(contexts, 1)], -1)  # (B, T, 3H)
-        logits = self.out(self.drop(features))
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1),
-                                                 ignore_index=PAD)
-
-    @torch.no_grad()
-    def greedy(self, src, max_len: int):
-        keys, keys_proj, mask, s = self.encode(src)
-        y = torch.full((src.shape[0],), START, dtype=torch.long)
-        done = torch.zeros(src.shape[0], dtype=torch.bool)
-        ids = []
-        for _ in range(max_len):
-            if self.style == "luong":
-                top, h = self.decoder(self.tgt_embed(y)[:, None], s[None])
-                s = h[0]
-                logits = self.out(self.luong_features(top, keys, mask))[:, 0]
-            else:
-                s, context = self.step(y, s, keys, keys_proj, mask)
-                logits = self.out(torch.cat([s, context], -1))
-            logits[:, [PAD, START]] = float("-inf")
-            y = torch.where(done, torch.zeros_like(y), logits.argmax(-1))
-            ids.append(y)
-            done |= y == END
-            if bool(done.all()):
-                break
-        return torch.stack(ids, 1).numpy()
 
 
 def decode(model, sources, task, batch_size=256) -> list[list[str]]:
@@ -151,7 +51,7 @@ def decode(model, sources, task, batch_size=256) -> list[list[str]]:
     for begin in range(0, len(order), batch_size):
         chunk = order[begin : begin + batch_size]
         src = ta.data.encode_batch([sources[i] for i in chunk], task.src_vocab)
-        ids = model.greedy(torch.from_numpy(src), ta.models.evaluation.default_max_len(src.shape[1]))
+        ids = greedy(model, src, ta.models.evaluation.default_max_len(src.shape[1]))
         for row, index in enumerate(chunk):
             outputs[index] = task.tgt_vocab.decode(ids[row])
     model.train()
@@ -244,9 +144,7 @@ def main(argv=None) -> None:
                                hidden=settings["hidden"], attention=kind, style=style,
                                bidirectional=True, dropout=settings["dropout"])
     torch.manual_seed(settings["seed"])
-    model = TorchG2P(len(task.src_vocab), len(task.tgt_vocab), settings["embed"], settings["hidden"],
-                     settings["dropout"], style)
-    model.load_engine(engine)
+    model = engine.to_torch()                       # the same network, the engine's initial weights
     check_twin(engine, model, task)
     optimizer = torch.optim.Adam(model.parameters(), lr=settings["lr"])
     schedule = ta.optim.WarmupCosine(ta.optim.Adam(engine.parameters(), lr=settings["lr"]),

@@ -4,8 +4,9 @@ greedy decoding.
     training step   ta.models.Transformer(d_model 128, 4 heads, 2+2 layers, feed-forward 512,
                     dropout 0) with ta.optim.Adam: zero_grad, loss, backward, update, on a batch
                     of 32 with source and target length 20 (no padding); against the same model
-                    in PyTorch (torch.nn.Transformer(batch_first=True), nn.Embedding, nn.Linear,
-                    the same sinusoids) with torch.optim.Adam, the engine's weights loaded.
+                    in PyTorch, model.to_torch() (torch.nn.Transformer(batch_first=True),
+                    nn.Embedding, nn.Linear, the same sinusoids, the engine's weights), with
+                    torch.optim.Adam.
     greedy decode   32 sources of length 20, 20 steps each (the untrained models agree on every
                     token, so both run every step), sentences per second:
                       ta          model.greedy(src, max_len=20), keys and values cached
@@ -26,7 +27,6 @@ Run:  .venv/bin/python bench/transformer.py [--repeats 7] [--budget 0.5] [--thre
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 
@@ -59,51 +59,22 @@ def engine_model():
                                  num_decoder_layers=LAYERS, dim_feedforward=FF, dropout=0.0)
 
 
-class TorchTransformer(torch.nn.Module if torch else object):
-    """The engine's ``ta.models.Transformer``, written with torch's own layers; the engine's
-    state_dict loads into it unchanged (the same names)."""
-
-    def __init__(self, engine):
-        super().__init__()
-        nn = torch.nn
-        self.transformer = nn.Transformer(D_MODEL, HEADS, LAYERS, LAYERS, FF, dropout=0.0, batch_first=True)
-        self.src_embed = nn.Embedding(VOCAB, D_MODEL, padding_idx=0)
-        self.tgt_embed = nn.Embedding(VOCAB, D_MODEL, padding_idx=0)
-        self.out = nn.Linear(D_MODEL, VOCAB)
-        self.register_buffer("positions", torch.from_numpy(engine._sinusoids).float(), persistent=False)
-        self.load_state_dict({k: torch.from_numpy(v) for k, v in engine.state_dict().items()})
-
-    def embed(self, table, ids, start: int = 0):
-        return table(ids) * math.sqrt(D_MODEL) + self.positions[start:start + ids.shape[1]]
-
-    def encode(self, src):
-        return self.transformer.encoder(self.embed(self.src_embed, src), src_key_padding_mask=src == 0)
-
-    def decode(self, tgt_in, memory, src):
-        causal = torch.nn.Transformer.generate_square_subsequent_mask(tgt_in.shape[1], dtype=torch.bool)
-        return self.transformer.decoder(self.embed(self.tgt_embed, tgt_in), memory, tgt_mask=causal,
-                                        tgt_key_padding_mask=tgt_in == 0, memory_key_padding_mask=src == 0)
-
-    def loss(self, src, tgt_in, tgt_out):
-        logits = self.out(self.decode(tgt_in, self.encode(src), src))
-        return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), tgt_out.reshape(-1),
-                                                 ignore_index=0)
-
-    @torch.no_grad()
-    def greedy(self, src, max_len: int):
-        """The whole prefix through the decoder every step, as the tutorials decode."""
-        memory = self.encode(src)
+def torch_greedy(twin, src, max_len: int):
+    """The whole prefix through the decoder every step, as the tutorials decode."""
+    with torch.no_grad():
+        memory = twin.encode(src)
         ys = torch.ones(src.shape[0], 1, dtype=torch.long)
         for _ in range(max_len):
-            logits = self.out(self.decode(ys, memory, src)[:, -1])
+            logits = twin.out(twin.decode(ys, memory, src)[:, -1])
             ys = torch.cat([ys, _pick(logits)[:, None]], dim=1)
         return ys[:, 1:]
 
-    @torch.no_grad()
-    def greedy_cached(self, src, max_len: int):
-        """A key/value cache written by hand over the same modules (post-norm layers)."""
-        F = torch.nn.functional
-        memory = self.encode(src)
+
+def torch_greedy_cached(twin, src, max_len: int):
+    """A key/value cache written by hand over the twin's modules (post-norm layers)."""
+    F = torch.nn.functional
+    with torch.no_grad():
+        memory = twin.encode(src)
         batch_size, heads = src.shape[0], HEADS
         pad = (src == 0)[:, None, None, :]                      # True = masked, torch's convention
 
@@ -118,14 +89,14 @@ class TorchTransformer(torch.nn.Module if torch else object):
             b = mha.in_proj_bias.chunk(3)[which]
             return split(F.linear(x, W, b))
 
-        layers = self.transformer.decoder.layers
+        layers = twin.transformer.decoder.layers
         memory_kv = [(project(la.multihead_attn, memory, 1), project(la.multihead_attn, memory, 2))
                      for la in layers]
         self_kv = [None] * len(layers)
         y = torch.ones(batch_size, dtype=torch.long)
         out = []
         for t in range(max_len):
-            x = self.embed(self.tgt_embed, y[:, None], start=t)
+            x = twin.embed(twin.tgt_embed, y[:, None], start=t)
             for i, la in enumerate(layers):
                 k, v = project(la.self_attn, x, 1), project(la.self_attn, x, 2)
                 if self_kv[i] is not None:
@@ -137,7 +108,7 @@ class TorchTransformer(torch.nn.Module if torch else object):
                 a = F.scaled_dot_product_attention(project(la.multihead_attn, x, 0), mk, mv, attn_mask=~pad)
                 x = la.norm2(x + la.multihead_attn.out_proj(merge(a)))
                 x = la.norm3(x + la.linear2(F.relu(la.linear1(x))))
-            y = _pick(self.out(self.transformer.decoder.norm(x)[:, 0]))
+            y = _pick(twin.out(twin.transformer.decoder.norm(x)[:, 0]))
             out.append(y)
         return torch.stack(out, 1)
 
@@ -170,7 +141,7 @@ def bench_training(args) -> None:
     model = engine_model()
     contenders = {"ta": training_step(model, ta.optim.Adam(model.parameters(), lr=1e-4), *batch())}
     if torch is not None:
-        twin = TorchTransformer(model)
+        twin = model.to_torch()       # torch's own layers, the engine's names and weights
         check_training(model, twin)
         src, tgt_in, tgt_out = (torch.from_numpy(a) for a in batch())
         contenders["torch"] = training_step(twin, torch.optim.Adam(twin.parameters(), lr=1e-4),
@@ -183,14 +154,14 @@ def bench_decode(args) -> None:
     src = batch()[0]
     contenders = {"ta": lambda: model.greedy(src, max_len=LENGTH)}
     if torch is not None:
-        twin = TorchTransformer(model).eval()
+        twin = model.to_torch().eval()
         ours = model.greedy(src, max_len=LENGTH)[0]
         source = torch.from_numpy(src)
-        for name, decode in (("torch", twin.greedy), ("torch+cache", twin.greedy_cached)):
-            theirs = decode(source, LENGTH).numpy()
+        for name, decode in (("torch", torch_greedy), ("torch+cache", torch_greedy_cached)):
+            theirs = decode(twin, source, LENGTH).numpy()
             if ours.shape != theirs.shape or not (ours == theirs).all():
                 sys.exit(f"{name} decodes differently from the engine")
-            contenders[name] = (lambda d: lambda: d(source, LENGTH))(decode)
+            contenders[name] = (lambda d: lambda: d(twin, source, LENGTH))(decode)
     # run_alternating times calls; sentences/s = batch / seconds per call.
     times = run_alternating(contenders, args.repeats, args.budget, unit=1.0)
     report("greedy decoding, sentences/s", {k: [BATCH / t for t in ts] for k, ts in times.items()},

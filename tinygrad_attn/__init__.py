@@ -7,7 +7,7 @@
     ta.check.symbolic(lambda x: (x @ x.T).tanh().sum(), x)   # exact, with sympy
 """
 
-from . import attention, check, data, functional, metrics, models, nn, ops, optim, random, shapes
+from . import attention, check, data, export, functional, metrics, models, nn, ops, optim, random, shapes
 from .autograd import (
     DeviceError,
     DTypeError,
@@ -46,6 +46,7 @@ __all__ = [
     "functional",
     "check",
     "metrics",
+    "export",
     "random",
     "shapes",
     "ShapeError",

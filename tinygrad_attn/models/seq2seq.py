@@ -142,6 +142,28 @@ class Seq2Seq(nn.Module):
         return (f"cell={c['cell']!r}, attention={c['attention']!r}, style={c['style']!r}, "
                 f"embed={c['embed']}, hidden={c['hidden']}")
 
+    # ------------------------------------------------------------ torch
+
+    def to_torch(self, dtype=None):
+        """The same network as a ``torch.nn.Module`` of torch's own layers, with this model's
+        parameter names and weights (float32 unless ``dtype``, e.g. ``torch.float64``), whose
+        ``forward(src, tgt_in)`` returns these logits: ``tinygrad_attn.export.torch.to_torch``.
+
+        Example:
+            >>> twin = model.to_torch()                   # e.g. for DistributedDataParallel
+        """
+        from ..export.torch import to_torch
+
+        return to_torch(self, dtype)
+
+    @classmethod
+    def from_torch(cls, module):
+        """The engine model of what ``to_torch`` made (trained or not, or a
+        DistributedDataParallel around it), weights, dtype and mode included."""
+        from ..export.torch import from_torch
+
+        return from_torch(module, cls)
+
     # ------------------------------------------------------------ training
 
     def forward(self, src, tgt_in):

@@ -98,6 +98,28 @@ class Transformer(nn.Module):
         return (f"d_model={c['d_model']}, nhead={c['nhead']}, layers={c['num_encoder_layers']}+"
                 f"{c['num_decoder_layers']}, positions={c['positions']!r}")
 
+    # ------------------------------------------------------------ torch
+
+    def to_torch(self, dtype=None):
+        """The same network as a ``torch.nn.Module`` of torch's own layers, with this model's
+        parameter names and weights (float32 unless ``dtype``, e.g. ``torch.float64``), whose
+        ``forward(src, tgt_in)`` returns these logits: ``tinygrad_attn.export.torch.to_torch``.
+
+        Example:
+            >>> twin = model.to_torch()                   # e.g. for DistributedDataParallel
+        """
+        from ..export.torch import to_torch
+
+        return to_torch(self, dtype)
+
+    @classmethod
+    def from_torch(cls, module):
+        """The engine model of what ``to_torch`` made (trained or not, or a
+        DistributedDataParallel around it), weights, dtype and mode included."""
+        from ..export.torch import from_torch
+
+        return from_torch(module, cls)
+
     # ------------------------------------------------------------ pieces
 
     def _embed(self, table: nn.Embedding, ids: np.ndarray, start: int = 0) -> Tensor:

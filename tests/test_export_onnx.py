@@ -1,0 +1,206 @@
+"""ONNX export (``ta.export.onnx``): the checker accepts the files, onnxruntime reproduces the
+engine's encoder and decoder steps at sizes other than the traced ones, and decodes a trained
+dates model to the engine's translations; an op with no mapping is named."""
+
+import importlib
+import sys
+
+import numpy as np
+import pytest
+
+import tinygrad_attn as ta
+from tests import optional
+from tinygrad_attn.ops import registry
+
+ta_onnx = importlib.import_module("tinygrad_attn.export.onnx")
+
+ONNX_REASON = "onnx and onnxruntime are not installed (pip install 'tinygrad_attn[onnx]')"
+TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+
+# (cell, attention, style, bidirectional, num_layers): every score, both styles, both cells
+# the models use, a bidirectional bridge and stacked layers.
+CONFIGS = [
+    ("gru", "additive", "bahdanau", False, 1),          # the demo's model
+    ("gru", "concat", "luong", False, 2),
+    ("gru", "dot", "bahdanau", False, 1),
+    ("lstm", "general", "luong", True, 1),
+    ("lstm", "additive", "bahdanau", False, 2),
+    ("rnn", None, "bahdanau", True, 2),
+]
+
+
+def config_id(config) -> str:
+    cell, attention, style, bidirectional, layers = config
+    return f"{cell}-{attention}-{style}{'-bi' if bidirectional else ''}-{layers}l"
+
+
+@pytest.fixture(scope="module")
+def onnx():
+    found = optional.module("onnx", ONNX_REASON)
+    optional.module("onnxruntime", ONNX_REASON)
+    return found
+
+
+def small_model(cell, attention, style, bidirectional, layers) -> ta.models.Seq2Seq:
+    ta.manual_seed(0)
+    return ta.models.Seq2Seq(20, 22, embed=8, hidden=16, cell=cell, attention=attention, style=style,
+                             bidirectional=bidirectional, num_layers=layers)
+
+
+def sources(batch: int, length: int) -> np.ndarray:
+    """Right-padded ids with rows of every length, the last row all padding."""
+    src = np.random.default_rng(batch * 31 + length).integers(4, 20, size=(batch, length))
+    for row in range(batch):
+        src[row, length - row % length:] = 0
+    src[-1] = 0
+    return src
+
+
+@pytest.fixture(scope="module", params=CONFIGS, ids=config_id)
+def exported(request, onnx, tmp_path_factory):
+    model = small_model(*request.param)
+    files = ta_onnx.export_onnx(model, tmp_path_factory.mktemp("onnx") / "model.onnx")
+    return model, files, ta_onnx.OnnxSeq2Seq(files)
+
+
+def test_export_files_pass_the_checker_at_opset_17(exported, onnx):
+    _, files, _ = exported
+    for path in (files.encoder_path, files.decoder_path):
+        proto = onnx.load(str(path))
+        onnx.checker.check_model(proto, full_check=True)
+        assert [o.version for o in proto.opset_import if o.domain == ""] == [17]
+
+
+def test_export_parameters_are_initializers_named_after_the_state_dict(exported, onnx):
+    model, files, _ = exported
+    names = set()
+    for path in (files.encoder_path, files.decoder_path):
+        names |= {init.name for init in onnx.load(str(path)).graph.initializer}
+    assert set(model.state_dict()) <= names
+
+
+def test_export_encoder_matches_the_engine_at_other_sizes(exported):
+    model, files, ort_model = exported
+    src = sources(5, 7)                      # traced at (2, 3)
+    memory = model.encode(src)
+    found = ort_model.encode(src)
+    engine_states = ta_onnx._flatten_states(model, memory.states)
+    for name, state in zip(files.state_names, engine_states, strict=True):
+        np.testing.assert_allclose(found[name], state.numpy(), **TOLERANCE)
+    if memory.keys is not None:
+        np.testing.assert_allclose(found["keys"], memory.keys.numpy(), **TOLERANCE)
+    if memory.keys_proj is not None:
+        np.testing.assert_allclose(found["keys_proj"], memory.keys_proj.numpy(), **TOLERANCE)
+
+
+def test_export_decoder_steps_match_the_engine_at_other_sizes(exported):
+    model, _, ort_model = exported
+    src = sources(4, 6)
+    engine_state, ort_state = model.decode_start(src), ort_model.decode_start(src)
+    tokens = np.full(len(src), ta.data.START, dtype=np.int64)
+    for t in range(4):
+        engine_lp, engine_attention, engine_state = model.decode_step(engine_state, tokens, t)
+        ort_lp, ort_attention, ort_state = ort_model.decode_step(ort_state, tokens, t)
+        np.testing.assert_allclose(ort_lp, engine_lp, **TOLERANCE)
+        if engine_attention is None:
+            assert ort_attention is None
+        else:
+            np.testing.assert_allclose(ort_attention, engine_attention, **TOLERANCE)
+        tokens = engine_lp.argmax(axis=1)
+    # A beam's reordering of rows: both states pick the same rows.
+    rows = np.array([2, 2, 0])
+    engine_lp, _, _ = model.decode_step(model.decode_select(engine_state, rows), tokens[rows], 4)
+    ort_lp, _, _ = ort_model.decode_step(ort_model.decode_select(ort_state, rows), tokens[rows], 4)
+    np.testing.assert_allclose(ort_lp, engine_lp, **TOLERANCE)
+
+
+# ---------------------------------------------------------------- a trained dates model
+
+
+@pytest.fixture(scope="module")
+def dates(onnx, tmp_path_factory):
+    task = ta.data.load("dates", n_train=2000, n_test=200)
+    ta.manual_seed(0)
+    model = ta.models.Seq2Seq(task.src_vocab, task.tgt_vocab, embed=16, hidden=32, cell="gru",
+                              attention="additive", style="bahdanau")
+    ta.models.train(model, task, steps=200, batch_size=32, lr=1e-2, eval_every=0)
+    files = ta_onnx.export_onnx(model, tmp_path_factory.mktemp("dates") / "dates.onnx")
+    src = ta.data.encode_batch([s for s, _ in task.test], task.src_vocab)
+    return model, ta_onnx.OnnxSeq2Seq(files), src
+
+
+def test_export_greedy_decode_gives_the_engine_translations(dates):
+    model, ort_model, src = dates
+    engine_ids, engine_weights = model.greedy(src, max_len=12)
+    ort_ids, ort_weights = ort_model.greedy(src, max_len=12)
+    np.testing.assert_array_equal(ort_ids, engine_ids)
+    np.testing.assert_allclose(ort_weights, engine_weights, **TOLERANCE)
+
+
+def test_export_beam_decode_gives_the_engine_translations(dates):
+    model, ort_model, src = dates
+    engine = model.beam_search(src[:60], beam=4, max_len=12, n_best=2)
+    found = ort_model.beam_search(src[:60], beam=4, max_len=12, n_best=2)
+    for engine_best, ort_best in zip(engine, found, strict=True):
+        assert [h.tokens for h in ort_best] == [h.tokens for h in engine_best]
+        np.testing.assert_allclose([h.score for h in ort_best], [h.score for h in engine_best], rtol=1e-5)
+
+
+# ---------------------------------------------------------------- every op, and errors
+
+
+def _example_cases():
+    for name in sorted(registry):
+        for k, example in enumerate(registry[name].examples()):
+            yield pytest.param(name, example, id=f"{name}-{k}")
+
+
+@pytest.mark.parametrize(("name", "example"), list(_example_cases()))
+def test_export_every_op_maps_to_onnx_or_names_itself(onnx, name, example):
+    import onnxruntime
+
+    inputs = {}
+    for k, array in enumerate(example.inputs):
+        array = np.asarray(array)
+        if array.dtype.kind == "f":
+            array = array.astype(np.float32)
+        inputs[f"x{k}"] = ta.Tensor(array, requires_grad=array.dtype.kind == "f", dtype=array.dtype)
+    y = registry[name].apply(*inputs.values(), **example.attrs)
+    try:
+        proto = ta_onnx.graph_to_onnx(inputs, {"y": y})
+    except ta_onnx.UnsupportedOpError as error:
+        assert f"op {name!r}" in str(error)
+        return
+    session = onnxruntime.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    (found,) = session.run(None, {k: t.numpy() for k, t in inputs.items()})
+    np.testing.assert_allclose(found, y.numpy(), **TOLERANCE)
+
+
+def test_export_the_ops_the_models_use_are_mapped():
+    used = {"Add", "Cat", "Embedding", "GRUCell", "LSTMCellState", "LSTMHidden", "Linear", "MatMul",
+            "MaskedSoftmax", "AdditiveScores", "Tanh", "Permute", "GetItem", "Where", "LayerNorm",
+            "ScaledDotProduct", "Softmax", "Relu", "Gelu", "Reshape"}
+    assert used <= set(ta_onnx.supported_ops())
+
+
+def test_export_unmapped_op_raises_naming_it(onnx):
+    logits = ta.Tensor(np.zeros((3, 5), dtype=np.float32), requires_grad=True)
+    loss = ta.functional.cross_entropy(logits, np.array([1, 2, 3]))
+    with pytest.raises(ta_onnx.UnsupportedOpError, match=r"op 'CrossEntropy' .*has no ONNX mapping"):
+        ta_onnx.graph_to_onnx({"logits": logits}, {"loss": loss})
+
+
+def test_export_of_a_transformer_says_it_is_not_written_yet(onnx, tmp_path):
+    model = ta.models.Transformer(20, 20, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                                  dim_feedforward=16)
+    with pytest.raises(TypeError, match="exports a ta.models.Seq2Seq; got Transformer"):
+        ta_onnx.export_onnx(model, tmp_path / "t.onnx")
+
+
+def test_export_without_onnx_says_how_to_install(monkeypatch, tmp_path):
+    # None in sys.modules makes `import onnx` fail, whether or not it is installed.
+    monkeypatch.setitem(sys.modules, "onnx", None)
+    with pytest.raises(ImportError) as caught:
+        ta_onnx.export_onnx(small_model(*CONFIGS[0]), tmp_path / "m.onnx")
+    assert str(caught.value) == "onnx needs the optional extra: pip install 'tinygrad_attn[onnx]'"
+    assert caught.value.__cause__ is None
