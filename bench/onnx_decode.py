@@ -24,33 +24,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+from decoding import batches, trained_model
 from timing import cpu_model, cpu_seconds, others_note, set_threads
 
 import tinygrad_attn as ta
 
 SETTINGS = dict(embed=32, hidden=128, cell="gru", attention="additive", style="bahdanau")
-
-
-def trained_model(steps: int, cache: Path):
-    """The demo's dates model, trained once and cached."""
-    task = ta.data.load("dates", n_test=1000)
-    if cache.exists():
-        model, _ = ta.models.load_checkpoint(cache)
-        return model, task
-    ta.manual_seed(0)
-    model = ta.models.Seq2Seq(task.src_vocab, task.tgt_vocab, **SETTINGS)
-    print(f"# training the dates model for {steps} steps (cached in {cache})")
-    ta.models.train(model, task, steps=steps, batch_size=64, lr=5e-3)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    ta.models.save_checkpoint(cache, model, task)
-    return model, task
-
-
-def batches(task, sources: list, batch_size: int) -> list[np.ndarray]:
-    """Sources sorted by length, padded in batches, as ``ta.models.evaluate`` decodes them."""
-    order = sorted(sources, key=len)
-    return [ta.data.encode_batch(order[i : i + batch_size], task.src_vocab)
-            for i in range(0, len(order), batch_size)]
 
 
 def decode_all(decoder, srcs: list[np.ndarray]) -> list[np.ndarray]:
@@ -71,7 +50,7 @@ def main(argv=None) -> None:
     ta_onnx = importlib.import_module("tinygrad_attn.export.onnx")
     ort = importlib.import_module("onnxruntime")
 
-    model, task = trained_model(args.steps, Path(args.cache))
+    model, task = trained_model(args.steps, Path(args.cache), SETTINGS)
     model.eval()
     sources = [s for s, _ in task.test[: args.sources]]
     srcs = batches(task, sources, args.batch_size)

@@ -39,6 +39,7 @@ from ..autograd import ShapeError, scope
 from ..functional import cross_entropy
 from ..tensor import Tensor, cat
 from . import decoding
+from .twin import TorchTwin
 
 __all__ = ["Seq2Seq", "Memory", "ATTENTIONS", "CELLS", "STYLES"]
 
@@ -61,7 +62,7 @@ class Memory:
     states: list                 # the decoder's initial state (B, 1, H), one per layer
 
 
-class Seq2Seq(nn.Module):
+class Seq2Seq(TorchTwin, nn.Module):
     """Embedding, RNN encoder, RNN decoder, optional attention and an output layer.
 
     Args:
@@ -143,26 +144,6 @@ class Seq2Seq(nn.Module):
                 f"embed={c['embed']}, hidden={c['hidden']}")
 
     # ------------------------------------------------------------ torch
-
-    def to_torch(self, dtype=None):
-        """The same network as a ``torch.nn.Module`` of torch's own layers, with this model's
-        parameter names and weights (float32 unless ``dtype``, e.g. ``torch.float64``), whose
-        ``forward(src, tgt_in)`` returns these logits: ``tinygrad_attn.export.torch.to_torch``.
-
-        Example:
-            >>> twin = model.to_torch()                   # e.g. for DistributedDataParallel
-        """
-        from ..export.torch import to_torch
-
-        return to_torch(self, dtype)
-
-    @classmethod
-    def from_torch(cls, module):
-        """The engine model of what ``to_torch`` made (trained or not, or a
-        DistributedDataParallel around it), weights, dtype and mode included."""
-        from ..export.torch import from_torch
-
-        return from_torch(module, cls)
 
     # ------------------------------------------------------------ training
 

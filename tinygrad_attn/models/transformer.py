@@ -25,6 +25,7 @@ from ..autograd import ShapeError, scope
 from ..tensor import Tensor, cat
 from . import decoding
 from .seq2seq import PAD, START, _ids, _size
+from .twin import TorchTwin
 
 __all__ = ["Transformer", "sinusoids"]
 
@@ -42,7 +43,7 @@ def sinusoids(length: int, d_model: int) -> np.ndarray:
     return table
 
 
-class Transformer(nn.Module):
+class Transformer(TorchTwin, nn.Module):
     """Embeddings with positions, ``nn.Transformer`` and an output layer.
 
     Args:
@@ -99,26 +100,6 @@ class Transformer(nn.Module):
                 f"{c['num_decoder_layers']}, positions={c['positions']!r}")
 
     # ------------------------------------------------------------ torch
-
-    def to_torch(self, dtype=None):
-        """The same network as a ``torch.nn.Module`` of torch's own layers, with this model's
-        parameter names and weights (float32 unless ``dtype``, e.g. ``torch.float64``), whose
-        ``forward(src, tgt_in)`` returns these logits: ``tinygrad_attn.export.torch.to_torch``.
-
-        Example:
-            >>> twin = model.to_torch()                   # e.g. for DistributedDataParallel
-        """
-        from ..export.torch import to_torch
-
-        return to_torch(self, dtype)
-
-    @classmethod
-    def from_torch(cls, module):
-        """The engine model of what ``to_torch`` made (trained or not, or a
-        DistributedDataParallel around it), weights, dtype and mode included."""
-        from ..export.torch import from_torch
-
-        return from_torch(module, cls)
 
     # ------------------------------------------------------------ pieces
 
