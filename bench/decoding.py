@@ -5,11 +5,11 @@
              hypotheses have finished, log-probabilities renormalised without <pad>/<start>
     ours     ta.models.decoding (model.beam_search / model.greedy): every source and every
              beam are rows of one batch per step, exact stopping
-    torch    a plain batched beam search in PyTorch eager over the same weights (TorchG2P,
-             the engine's bidirectional-GRU Seq2Seq twin from bench/g2p_torch.py): a fixed
+    torch    a plain batched beam search in PyTorch eager over the same weights (model.to_torch(),
+             the engine's bidirectional-GRU Seq2Seq built from torch's layers): a fixed
              (sources x beam) layout, torch.topk over each source's beam x V candidates, the
              same candidate rule (the 2 x beam best; an ending counts if among the beam best)
-             and the same exact stopping bound as ours; greedy: TorchG2P.greedy
+             and the same exact stopping bound as ours; greedy: tinygrad_attn.export.torch.greedy
 
 The model: ta.models.Seq2Seq, bidirectional GRU encoder, Bahdanau (additive) attention, embed
 64, hidden 128, float32, trained on the dates task for --steps steps (cached under
@@ -39,7 +39,9 @@ from tinygrad_attn.models.decoding import END, PAD, START
 
 try:
     import torch
-    from g2p_torch import TorchG2P, check_twin
+    from g2p_torch import check_twin
+
+    from tinygrad_attn.export.torch import greedy as torch_greedy
 except ImportError:  # time ours alone
     torch = None
 
@@ -118,14 +120,16 @@ def _old_beam_one(model, src, beam, limit, alpha):
 
 
 def torch_beam_search(model, src: np.ndarray, beam: int, limit: int, alpha: float) -> list[list[int]]:
-    """Batched beam search over TorchG2P's Bahdanau steps: rows (B * beam), beam-major per
-    source; dead rows carry -inf."""
+    """Batched beam search over the torch twin's decoder steps (``model.to_torch()``): rows
+    (B * beam), beam-major per source; dead rows carry -inf."""
     with torch.no_grad():
         src_t = torch.from_numpy(src)
         batch = src.shape[0]
-        keys, keys_proj, mask, s = model.encode(src_t)
+        memory = model.encode(src_t)
         expand = torch.arange(batch).repeat_interleave(beam)                        # (B * beam,)
-        keys, keys_proj, mask, s = keys[expand], keys_proj[expand], mask[expand], s[expand]
+        states = [state[expand] for state in memory.states]                         # GRU: (B * beam, H)
+        memory = memory._replace(keys=memory.keys[expand], keys_proj=memory.keys_proj[expand],
+                                 mask=memory.mask[expand], states=None)
         logp = torch.full((batch, beam), -torch.inf, dtype=torch.float64)
         logp[:, 0] = 0.0                                 # one live hypothesis per source at first
         y = torch.full((batch * beam,), START, dtype=torch.long)
@@ -134,8 +138,8 @@ def torch_beam_search(model, src: np.ndarray, beam: int, limit: int, alpha: floa
         worst = torch.full((batch,), -torch.inf, dtype=torch.float64)
         done = torch.zeros(batch, dtype=torch.bool)
         for t in range(limit):
-            s, context = model.step(y, s, keys, keys_proj, mask)
-            log_probs = torch.log_softmax(model.out(torch.cat([s, context], -1)).double(), -1)   # (B*beam, V)
+            logits, states = model.decode_step(y, states, memory)
+            log_probs = torch.log_softmax(logits.double(), -1)                     # (B*beam, V)
             vocab = log_probs.shape[1]
             log_probs[:, [PAD, START]] = -torch.inf
             total = (logp.reshape(-1, 1) + log_probs).reshape(batch, beam * vocab)
@@ -170,7 +174,7 @@ def torch_beam_search(model, src: np.ndarray, beam: int, limit: int, alpha: floa
                 break
             logp[done] = -torch.inf
             parent = (torch.arange(batch)[:, None] * beam + rows).reshape(-1)       # (B * beam,)
-            s = s[parent]
+            states = [state[parent] for state in states]
             y = words.reshape(-1)
             history = torch.cat([history[parent], y[:, None]], 1)
         return [max(found)[1] for found in finished]
@@ -214,15 +218,13 @@ def main(argv=None) -> None:
     if torch is None:
         print("# torch is not installed: the engine is timed alone")
     else:
-        twin = TorchG2P(len(task.src_vocab), len(task.tgt_vocab), SETTINGS["embed"], SETTINGS["hidden"], 0.0)
-        twin.load_engine(model)
-        twin.eval()
+        twin = model.to_torch().eval()
         check_twin(model, twin, SimpleNamespace(valid=task.test[:64], src_vocab=task.src_vocab,
                                                 tgt_vocab=task.tgt_vocab))
         contenders["beam torch"] = (lambda: [torch_beam_search(twin, src, BEAM, max_len(src), ALPHA)
                                              for src in work], sources)
-        contenders["greedy torch"] = (lambda: [twin.greedy(torch.from_numpy(src), max_len(src))
-                                               for src in work], sources)
+        contenders["greedy torch"] = (lambda: [torch_greedy(twin, src, max_len(src)) for src in work],
+                                      sources)
         compare(model, twin, task, work, old_work)
     since = cpu_seconds()
     rates = {name: [] for name in contenders}
