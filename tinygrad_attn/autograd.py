@@ -478,16 +478,19 @@ def _accumulate(grads: dict, owned: set, key: int, gi, backend) -> None:
         owned.add(key)
 
 
-def toposort(root, only_grad: bool = True) -> list:
-    """Tensors that lead to ``root``, root first, each after every tensor made from it.
+def toposort(root, only_grad: bool = True, stop=()) -> list:
+    """Tensors that lead to ``root`` (a tensor, or a list of them), root first, each after
+    every tensor made from it.
 
     ``only_grad`` follows only inputs that require grad (what backward needs); False
-    follows every input, constants included (what a drawing of the graph needs).
+    follows every input, constants included (what a drawing of the graph needs).  ``stop``:
+    ids of tensors listed but not looked behind (an exporter's graph inputs).
     Iterative depth-first search: deep graphs (long unrolled RNNs) need no recursion.
     """
+    roots = root if isinstance(root, (list, tuple)) else [root]
     order: list = []
     visited: set[int] = set()
-    stack = [(root, False)]
+    stack = [(t, False) for t in reversed(roots)]
     while stack:
         t, expanded = stack.pop()
         if expanded:
@@ -497,7 +500,7 @@ def toposort(root, only_grad: bool = True) -> list:
             continue
         visited.add(id(t))
         stack.append((t, True))
-        if t.node is not None:
+        if t.node is not None and id(t) not in stop:
             for inp in reversed(t.node.inputs):  # reversed: inputs come out in argument order
                 if (inp.requires_grad or not only_grad) and id(inp) not in visited:
                     stack.append((inp, False))

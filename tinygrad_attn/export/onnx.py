@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..autograd import enable_grad
+from ..autograd import enable_grad, toposort
 from ..tensor import Tensor
 
 __all__ = ["export_onnx", "onnx", "graph_to_onnx", "OnnxSeq2Seq", "OnnxExport", "UnsupportedOpError",
@@ -45,7 +45,7 @@ OPSET = 17
 INSTALL_HINT = "pip install 'tinygrad_attn[onnx]'"
 
 
-class UnsupportedOpError(NotImplementedError):
+class UnsupportedOpError(TypeError):
     """A recorded op has no ONNX mapping; the message names it and where it was recorded."""
 
 
@@ -133,7 +133,8 @@ class _Graph:
         """Write the recorded graph that makes ``outputs``; ``bindings`` maps id(tensor) of
         the graph's inputs to their ONNX names.  Returns the outputs' names."""
         names = dict(bindings)
-        for tensor in _toposort(outputs, bindings):
+        # Inputs first; nothing behind the bound tensors (the graph's own inputs).
+        for tensor in reversed(toposort(outputs, only_grad=False, stop=bindings)):
             if id(tensor) in names:
                 continue
             node = tensor.node
@@ -150,27 +151,6 @@ class _Graph:
             inputs = [names[id(t)] for t in node.inputs]
             names[id(tensor)] = lower(self, node.op, inputs, node.inputs, tensor)
         return [names[id(t)] for t in outputs]
-
-
-def _toposort(outputs: list[Tensor], stop: dict[int, str]) -> list[Tensor]:
-    """Every tensor the outputs are made from, each after its inputs, not looking past the
-    tensors in ``stop`` (iterative: an unrolled graph may be deep)."""
-    order, visited = [], set()
-    stack = [(t, False) for t in reversed(outputs)]
-    while stack:
-        tensor, expanded = stack.pop()
-        if expanded:
-            order.append(tensor)
-            continue
-        if id(tensor) in visited:
-            continue
-        visited.add(id(tensor))
-        stack.append((tensor, True))
-        if tensor.node is not None and id(tensor) not in stop:
-            for inp in reversed(tensor.node.inputs):
-                if id(inp) not in visited:
-                    stack.append((inp, False))
-    return order
 
 
 # ---------------------------------------------------------------- one lowering per op

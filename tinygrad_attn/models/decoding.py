@@ -40,6 +40,7 @@ import numpy as np
 from .. import data
 from .. import random as ta_random
 from ..autograd import ShapeError, no_grad
+from ..compiler import reference
 
 __all__ = ["Decodable", "Hypothesis", "greedy", "sample", "beam_search", "log_softmax"]
 
@@ -82,10 +83,9 @@ class Hypothesis:
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """The log-softmax of the last axis in float64 (subtract the row max before exp)."""
-    logits = np.asarray(logits, dtype=np.float64)
-    shifted = logits - logits.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    """The log-softmax of the last axis in float64 (the reference kernel's: the row max
+    subtracted before exp), so that scores sum without float32 rounding."""
+    return reference.log_softmax(np.asarray(logits, dtype=np.float64), -1)
 
 
 # ---------------------------------------------------------------- greedy and sampling
