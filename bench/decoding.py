@@ -49,16 +49,17 @@ SETTINGS = dict(embed=64, hidden=128, cell="gru", attention="additive", style="b
 BEAM, ALPHA = 5, 1.0
 
 
-def trained_model(steps: int, cache: Path, settings: dict = SETTINGS):
-    """The dates model (``settings``), trained once and cached."""
+def trained_model(steps: int, cache: Path, settings: dict = SETTINGS, kind=ta.models.Seq2Seq,
+                  lr: float = 5e-3):
+    """The dates model (a ``kind`` built with ``settings``), trained once and cached."""
     task = ta.data.load("dates", n_test=1000)
     if cache.exists():
         model, _ = ta.models.load_checkpoint(cache)
         return model, task
     ta.manual_seed(0)
-    model = ta.models.Seq2Seq(task.src_vocab, task.tgt_vocab, **settings)
+    model = kind(task.src_vocab, task.tgt_vocab, **settings)
     print(f"# training the dates model for {steps} steps (cached in {cache})")
-    ta.models.train(model, task, steps=steps, batch_size=64, lr=5e-3)
+    ta.models.train(model, task, steps=steps, batch_size=64, lr=lr)
     cache.parent.mkdir(parents=True, exist_ok=True)
     ta.models.save_checkpoint(cache, model, task)
     return model, task

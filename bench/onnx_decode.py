@@ -2,16 +2,18 @@
 
     engine        model.greedy (ta.models.decoding on the engine's own decoder step)
     onnxruntime   the same decoding code on the exported encoder and decoder step
-                  (ta.export.onnx -> OnnxSeq2Seq: two onnxruntime sessions)
+                  (ta.export.onnx -> OnnxModel: two onnxruntime sessions)
 
-The model: the ``make demo`` one (ta.models.Seq2Seq, GRU, Bahdanau additive attention, embed
-32, hidden 128, float32), trained on the dates task for --steps steps (cached under
-runs/onnx_decode/, which git ignores).  Same weights, same run: sources sorted by length and
+The model (--arch): "seq2seq", the ``make demo`` one (ta.models.Seq2Seq, GRU, Bahdanau additive
+attention, embed 32, hidden 128), or "transformer", bench/transformer.py's (d_model 128, 4
+heads, 2+2 layers, feed-forward 512; decoded with its key/value cache on both sides), float32,
+trained on the dates task for --steps steps (cached under runs/onnx_decode/, which git
+ignores).  Same weights, same run: sources sorted by length and
 decoded --batch-size at a time with max_len = 2 x the batch's longest source + 10, as
 ``ta.models.evaluate`` does; the two contenders alternate within each repeat, and the ratio is
 of same-run medians.  Before timing, the two outputs are compared (they must be equal).
 
-Run:  .venv/bin/python bench/onnx_decode.py [--repeats 5] [--threads 1] [--batch-size 250]
+Run:  .venv/bin/python bench/onnx_decode.py [--arch transformer] [--repeats 5] [--threads 1]
 """
 
 from __future__ import annotations
@@ -29,7 +31,14 @@ from timing import cpu_model, cpu_seconds, others_note, set_threads
 
 import tinygrad_attn as ta
 
-SETTINGS = dict(embed=32, hidden=128, cell="gru", attention="additive", style="bahdanau")
+# arch -> (model class, settings, Adam's learning rate)
+MODELS = {
+    "seq2seq": (ta.models.Seq2Seq,
+                dict(embed=32, hidden=128, cell="gru", attention="additive", style="bahdanau"), 5e-3),
+    "transformer": (ta.models.Transformer,
+                    dict(d_model=128, nhead=4, num_encoder_layers=2, num_decoder_layers=2,
+                         dim_feedforward=512, dropout=0.0), 1e-3),
+}
 
 
 def decode_all(decoder, srcs: list[np.ndarray]) -> list[np.ndarray]:
@@ -39,27 +48,31 @@ def decode_all(decoder, srcs: list[np.ndarray]) -> list[np.ndarray]:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", choices=sorted(MODELS), default="seq2seq")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="pin every pool, onnxruntime's too, to N")
     parser.add_argument("--batch-size", type=int, default=250)
     parser.add_argument("--sources", type=int, default=1000)
     parser.add_argument("--steps", type=int, default=300, help="training steps of the cached model")
-    parser.add_argument("--cache", default="runs/onnx_decode/dates-demo.ckpt")
+    parser.add_argument("--cache", default=None, help="default runs/onnx_decode/dates-<arch>.ckpt")
     args = parser.parse_args(argv)
     set_threads(args.threads)
     ta_onnx = importlib.import_module("tinygrad_attn.export.onnx")
     ort = importlib.import_module("onnxruntime")
 
-    model, task = trained_model(args.steps, Path(args.cache), SETTINGS)
+    kind, settings, lr = MODELS[args.arch]
+    name = "demo" if args.arch == "seq2seq" else args.arch
+    cache = Path(args.cache or f"runs/onnx_decode/dates-{name}.ckpt")
+    model, task = trained_model(args.steps, cache, settings, kind, lr)
     model.eval()
     sources = [s for s, _ in task.test[: args.sources]]
     srcs = batches(task, sources, args.batch_size)
     with tempfile.TemporaryDirectory() as tmp:
-        ort_model = ta_onnx.OnnxSeq2Seq(ta_onnx.export_onnx(model, Path(tmp) / "dates.onnx"),
-                                        threads=args.threads)
+        files = ta_onnx.export_onnx(model, Path(tmp) / "dates.onnx")
+        ort_model = ta_onnx.OnnxModel(files, threads=args.threads)
     engine_ids, ort_ids = decode_all(model, srcs), decode_all(ort_model, srcs)
     same = all(np.array_equal(a, b) for a, b in zip(engine_ids, ort_ids, strict=True))
-    print(f"# {cpu_model()}; {args.threads} thread(s); onnxruntime {ort.__version__}; "
+    print(f"# {cpu_model()}; {args.arch}; {args.threads} thread(s); onnxruntime {ort.__version__}; "
           f"{len(sources)} sources in batches of {args.batch_size}; outputs equal: {same}")
     if not same:
         raise SystemExit("onnxruntime's translations differ from the engine's")

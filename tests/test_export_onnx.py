@@ -1,6 +1,7 @@
 """ONNX export (``ta.export.onnx``): the checker accepts the files, onnxruntime reproduces the
-engine's encoder and decoder steps at sizes other than the traced ones, and decodes a trained
-dates model to the engine's translations; an op with no mapping is named."""
+engine's encoder and decoder steps at sizes other than the traced ones, for Seq2Seq and
+Transformer models, and decodes trained dates models to the engine's translations; an op with
+no mapping is named."""
 
 import importlib
 import sys
@@ -27,9 +28,18 @@ CONFIGS = [
     ("lstm", "additive", "bahdanau", False, 2),
     ("rnn", None, "bahdanau", True, 2),
 ]
+# Transformer options: both norm placements, both activations, both position tables, tied
+# output weights, and unequal stacks.
+TRANSFORMERS = {
+    "post-norm-relu-sinusoidal": dict(num_encoder_layers=2, num_decoder_layers=2),
+    "pre-norm-gelu-learned-tied": dict(num_encoder_layers=1, num_decoder_layers=3, norm_first=True,
+                                       activation="gelu", positions="learned", tie_embeddings=True),
+}
 
 
 def config_id(config) -> str:
+    if isinstance(config, str):
+        return f"transformer-{config}"
     cell, attention, style, bidirectional, layers = config
     return f"{cell}-{attention}-{style}{'-bi' if bidirectional else ''}-{layers}l"
 
@@ -47,6 +57,12 @@ def small_model(cell, attention, style, bidirectional, layers) -> ta.models.Seq2
                              bidirectional=bidirectional, num_layers=layers)
 
 
+def small_transformer(name: str, max_len: int = 64) -> ta.models.Transformer:
+    ta.manual_seed(0)
+    return ta.models.Transformer(20, 22, d_model=16, nhead=4, dim_feedforward=24, dropout=0.1,
+                                 max_len=max_len, **TRANSFORMERS[name])
+
+
 def sources(batch: int, length: int) -> np.ndarray:
     """Right-padded ids with rows of every length, the last row all padding."""
     src = np.random.default_rng(batch * 31 + length).integers(4, 20, size=(batch, length))
@@ -56,11 +72,36 @@ def sources(batch: int, length: int) -> np.ndarray:
     return src
 
 
-@pytest.fixture(scope="module", params=CONFIGS, ids=config_id)
+def engine_encoder_outputs(model, src: np.ndarray) -> dict:
+    """What the exported encoder should write, from the engine, by output name."""
+    if isinstance(model, ta.models.Transformer):
+        from tinygrad_attn.models.transformer import memory_keys
+
+        memory = model.encode(src)
+        found = {}
+        for k, layer in enumerate(model.transformer.decoder.layers):
+            keys, values = memory_keys(layer.multihead_attn, memory, {})
+            found[f"memory_key{k}"], found[f"memory_value{k}"] = keys.numpy(), values.numpy()
+        return found
+    memory = model.encode(src)
+    names = ta_onnx.onnx_seq2seq.state_names(model)
+    found = {name: state.numpy() for name, state in
+             zip(names, ta_onnx.onnx_seq2seq._flatten_states(model, memory.states), strict=True)}
+    for name in ("keys", "keys_proj"):
+        if getattr(memory, name) is not None:
+            found[name] = getattr(memory, name).numpy()
+    return found
+
+
+@pytest.fixture(scope="module", params=CONFIGS + list(TRANSFORMERS), ids=config_id)
 def exported(request, onnx, tmp_path_factory):
-    model = small_model(*request.param)
+    config = request.param
+    model = small_transformer(config) if isinstance(config, str) else small_model(*config)
+    model.train()                            # exported as in eval mode all the same
     files = ta_onnx.export_onnx(model, tmp_path_factory.mktemp("onnx") / "model.onnx")
-    return model, files, ta_onnx.OnnxSeq2Seq(files)
+    assert model.training
+    model.eval()
+    return model, files, ta_onnx.OnnxModel(files)
 
 
 def test_export_files_pass_the_checker_at_opset_17(exported, onnx):
@@ -80,17 +121,13 @@ def test_export_parameters_are_initializers_named_after_the_state_dict(exported,
 
 
 def test_export_encoder_matches_the_engine_at_other_sizes(exported):
-    model, files, ort_model = exported
+    model, _, ort_model = exported
     src = sources(5, 7)                      # traced at (2, 3)
-    memory = model.encode(src)
+    expected = engine_encoder_outputs(model, src)
     found = ort_model.encode(src)
-    engine_states = ta_onnx._flatten_states(model, memory.states)
-    for name, state in zip(files.state_names, engine_states, strict=True):
-        np.testing.assert_allclose(found[name], state.numpy(), **TOLERANCE)
-    if memory.keys is not None:
-        np.testing.assert_allclose(found["keys"], memory.keys.numpy(), **TOLERANCE)
-    if memory.keys_proj is not None:
-        np.testing.assert_allclose(found["keys_proj"], memory.keys_proj.numpy(), **TOLERANCE)
+    assert set(found) == set(expected)
+    for name, value in expected.items():
+        np.testing.assert_allclose(found[name], value, **TOLERANCE, err_msg=name)
 
 
 def test_export_decoder_steps_match_the_engine_at_other_sizes(exported):
@@ -98,7 +135,7 @@ def test_export_decoder_steps_match_the_engine_at_other_sizes(exported):
     src = sources(4, 6)
     engine_state, ort_state = model.decode_start(src), ort_model.decode_start(src)
     tokens = np.full(len(src), ta.data.START, dtype=np.int64)
-    for t in range(4):
+    for t in range(6):
         engine_lp, engine_attention, engine_state = model.decode_step(engine_state, tokens, t)
         ort_lp, ort_attention, ort_state = ort_model.decode_step(ort_state, tokens, t)
         np.testing.assert_allclose(ort_lp, engine_lp, **TOLERANCE)
@@ -109,24 +146,31 @@ def test_export_decoder_steps_match_the_engine_at_other_sizes(exported):
         tokens = engine_lp.argmax(axis=1)
     # A beam's reordering of rows: both states pick the same rows.
     rows = np.array([2, 2, 0])
-    engine_lp, _, _ = model.decode_step(model.decode_select(engine_state, rows), tokens[rows], 4)
-    ort_lp, _, _ = ort_model.decode_step(ort_model.decode_select(ort_state, rows), tokens[rows], 4)
+    engine_lp, _, _ = model.decode_step(model.decode_select(engine_state, rows), tokens[rows], 6)
+    ort_lp, _, _ = ort_model.decode_step(ort_model.decode_select(ort_state, rows), tokens[rows], 6)
     np.testing.assert_allclose(ort_lp, engine_lp, **TOLERANCE)
 
 
 # ---------------------------------------------------------------- a trained dates model
 
 
-@pytest.fixture(scope="module")
-def dates(onnx, tmp_path_factory):
+@pytest.fixture(scope="module", params=["seq2seq", "transformer"])
+def dates(request, onnx, tmp_path_factory):
     task = ta.data.load("dates", n_train=2000, n_test=200)
     ta.manual_seed(0)
-    model = ta.models.Seq2Seq(task.src_vocab, task.tgt_vocab, embed=16, hidden=32, cell="gru",
-                              attention="additive", style="bahdanau")
-    ta.models.train(model, task, steps=200, batch_size=32, lr=1e-2, eval_every=0)
+    if request.param == "seq2seq":
+        model = ta.models.Seq2Seq(task.src_vocab, task.tgt_vocab, embed=16, hidden=32, cell="gru",
+                                  attention="additive", style="bahdanau")
+    else:
+        model = ta.models.Transformer(task.src_vocab, task.tgt_vocab, d_model=32, nhead=4,
+                                      num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=64,
+                                      dropout=0.0)
+    # Trained enough that the decodes compared are not an untrained model's near-ties.
+    ta.models.train(model, task, steps=200 if request.param == "seq2seq" else 100, batch_size=32, lr=1e-2,
+                    eval_every=0)
     files = ta_onnx.export_onnx(model, tmp_path_factory.mktemp("dates") / "dates.onnx")
     src = ta.data.encode_batch([s for s, _ in task.test], task.src_vocab)
-    return model, ta_onnx.OnnxSeq2Seq(files), src
+    return model, ta_onnx.OnnxModel(files), src
 
 
 def test_export_greedy_decode_gives_the_engine_translations(dates):
@@ -190,11 +234,19 @@ def test_export_unmapped_op_raises_naming_it(onnx):
         ta_onnx.graph_to_onnx({"logits": logits}, {"loss": loss})
 
 
-def test_export_of_a_transformer_says_it_is_not_written_yet(onnx, tmp_path):
-    model = ta.models.Transformer(20, 20, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
-                                  dim_feedforward=16)
-    with pytest.raises(TypeError, match="exports a ta.models.Seq2Seq; got Transformer"):
-        ta_onnx.export_onnx(model, tmp_path / "t.onnx")
+def test_export_of_another_model_names_what_it_exports(onnx, tmp_path):
+    with pytest.raises(TypeError, match="exports a ta.models.Seq2Seq or ta.models.Transformer; got Linear"):
+        ta_onnx.export_onnx(ta.nn.Linear(3, 4), tmp_path / "t.onnx")
+
+
+def test_exported_transformer_refuses_a_source_beyond_its_position_table(onnx, tmp_path):
+    model = small_transformer("post-norm-relu-sinusoidal", max_len=6)
+    ort_model = ta_onnx.OnnxModel(ta_onnx.export_onnx(model, tmp_path / "t.onnx"))
+    ort_model.greedy(sources(2, 6), max_len=6)
+    with pytest.raises(ta.ShapeError, match=r"7 tokens is longer than the position table \(max_len=6\)"):
+        ort_model.greedy(sources(2, 7), max_len=3)
+    with pytest.raises(ta.ShapeError, match=r"step 6 is beyond the position table \(max_len=6\)"):
+        ort_model.greedy(sources(2, 3), max_len=7)
 
 
 def test_export_without_onnx_says_how_to_install(monkeypatch, tmp_path):

@@ -64,7 +64,8 @@ def test_cached_decoding_steps_equal_running_the_whole_prefix(dtype, tol, norm_f
         full = model.transformer.decoder(model._embed(model.tgt_embed, tgt_in), memory,
                                          memory_key_mask=src != 0, causal=True).numpy()
         caches = [{} for _ in model.transformer.decoder.layers]
-        steps = [model._cached_step(tgt_in[:, t:t + 1], t, memory, src != 0, caches).numpy()
+        mask = ta.Tensor((src != 0)[:, None, None, :])
+        steps = [model._cached_step(tgt_in[:, t:t + 1], t, memory, mask, caches).numpy()
                  for t in range(tgt_in.shape[1])]
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=tol, atol=tol)
     cached, _ = model.greedy(src, max_len=8)

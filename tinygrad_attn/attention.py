@@ -577,10 +577,13 @@ def _head_mask(fname, key_mask, mask, B, H, T, S, like, unbatched):
                          f"got {km.dtype} of shape {km.shape}")
         combined = km[:, None, None, :]                                      # (B, 1, 1, S)
     if mask is not None:
-        m = np.asarray(mask.numpy() if isinstance(mask, Tensor) else mask)
+        m = mask if isinstance(mask, Tensor) else np.asarray(mask)
         if m.dtype != np.bool_ or not broadcasts_to(m.shape, (B, H, T, S)):
             _fail(fname, f"mask must be boolean and broadcast to (B, H, T, S) = ({B}, {H}, {T}, {S}), "
                          f"got {m.dtype} of shape {m.shape}")
+        if combined is None and isinstance(m, Tensor):
+            return m                # as given, so a traced export sees the caller's own tensor
+        m = m.numpy() if isinstance(m, Tensor) else m
         combined = m if combined is None else np.logical_and(combined, m)
     return None if combined is None else Tensor(combined, device=like.device)
 

@@ -2,9 +2,9 @@
 that importing the engine does not load.
 
 ``ta.export.onnx(model, path)`` (needs ``pip install 'tinygrad_attn[onnx]'``) writes a Seq2Seq
-as two standard ONNX files, its encoder and one decoder step, traced from the engine's own
-graph record; ``OnnxSeq2Seq(files)`` decodes them with onnxruntime through the engine's own
-decoders.  ``tinygrad_attn.export.torch`` (needs PyTorch): ``to_torch(model)`` gives an
+or a Transformer as two standard ONNX files, its encoder and one decoder step, traced from the
+engine's own graph record; ``OnnxModel(files)`` decodes them with onnxruntime through the
+engine's own decoders.  ``tinygrad_attn.export.torch`` (needs PyTorch): ``to_torch(model)`` gives an
 equivalent ``torch.nn.Module`` built from torch's own layers, with the engine's parameter
 names, and ``from_torch(module)`` the engine model again (``Seq2Seq.to_torch()``,
 ``Seq2Seq.from_torch``, the same on ``Transformer``): a model that outgrows one machine
@@ -12,7 +12,7 @@ continues training in torch's distributed engine.  The torch module is not impor
 imports torch); ``import tinygrad_attn.export.torch``.
 """
 
-from .onnx import OnnxSeq2Seq, UnsupportedOpError, export_onnx, graph_to_onnx
+from .onnx import OnnxModel, UnsupportedOpError, export_onnx, graph_to_onnx
 from .onnx import export_onnx as onnx  # noqa: F811 - ta.export.onnx(model, path), as the issue names it
 
-__all__ = ["onnx", "export_onnx", "graph_to_onnx", "OnnxSeq2Seq", "UnsupportedOpError"]
+__all__ = ["onnx", "export_onnx", "graph_to_onnx", "OnnxModel", "UnsupportedOpError"]

@@ -103,15 +103,19 @@ class Transformer(TorchTwin, nn.Module):
 
     # ------------------------------------------------------------ pieces
 
-    def _embed(self, table: nn.Embedding, ids: np.ndarray, start: int = 0) -> Tensor:
-        """embed(ids) sqrt(d_model) + the positions start .. start + L - 1, dropped out."""
+    def _embed(self, table: nn.Embedding, ids: np.ndarray, start: int = 0, positions: Tensor | None = None
+               ) -> Tensor:
+        """embed(ids) sqrt(d_model) + the positions start .. start + L - 1, dropped out.
+        ``positions`` replaces the table's rows (the ONNX export passes rows it reads itself)."""
         length = ids.shape[1]
-        if start + length > self.max_len:
+        if positions is None and start + length > self.max_len:
             raise ShapeError(f"Transformer: a sequence of {start + length} tokens is longer than the "
                              f"position table (max_len={self.max_len}); build the model with a larger "
                              f"max_len")
         x = table(ids) * math.sqrt(self.d_model)
-        if self.config["positions"] == "learned":
+        if positions is not None:
+            x = x + positions
+        elif self.config["positions"] == "learned":
             x = x + self.position(np.arange(start, start + length)[None, :])
         else:
             x = x + Tensor(self._sinusoids[start:start + length], dtype=x.dtype, device=x.device)
@@ -250,7 +254,8 @@ class Transformer(TorchTwin, nn.Module):
         key = _key(scopes.DECODER, scopes.step(t), scopes.layer(last), scopes.CROSS_ATTENTION)
         with scope(scopes.DECODER), scope(scopes.step(t)), attention_record(only=[key]) as weights:
             if state.use_cache:
-                h = self._cached_step(tokens[:, None], t, state.memory, state.memory_mask, state.caches)
+                mask = Tensor(state.memory_mask[:, None, None, :], device=state.memory.device)  # (N, 1, 1, S)
+                h = self._cached_step(tokens[:, None], t, state.memory, mask, state.caches)
             else:
                 h = self.transformer.decoder(self._embed(self.tgt_embed, prefix), state.memory,
                                              memory_key_mask=state.memory_mask, causal=True)[:, -1:]
@@ -273,10 +278,11 @@ class Transformer(TorchTwin, nn.Module):
         mask = state.memory_mask if same else state.memory_mask[rows]
         return _State(memory, mask, caches, state.prefix[rows], state.use_cache, source)
 
-    def _cached_step(self, token: np.ndarray, t: int, memory: Tensor, memory_mask: np.ndarray,
-                     caches: list[dict]) -> Tensor:
-        """The decoder's output at position t from its input token alone (B, 1, d_model)."""
-        x = self._embed(self.tgt_embed, token, start=t)
+    def _cached_step(self, token: np.ndarray, t: int, memory: Tensor, memory_mask: Tensor, caches: list[dict],
+                     positions: Tensor | None = None) -> Tensor:
+        """The decoder's output at position t from its input token alone (B, 1, d_model);
+        ``memory_mask`` (B, 1, 1, S) is True at real source tokens."""
+        x = self._embed(self.tgt_embed, token, start=t, positions=positions)
         decoder = self.transformer.decoder
         for i, (layer, cache) in enumerate(zip(decoder.layers, caches, strict=True)):
             with scope(scopes.layer(i)):
@@ -284,9 +290,10 @@ class Transformer(TorchTwin, nn.Module):
         return x if decoder.norm is None else decoder.norm(x)
 
 
-# The cache entry of a layer's cross-attention: the memory's projected keys and values; and
-# the entry of the projection weights' slices, per attention (the same for every row).
-MEMORY, WEIGHTS = "memory", "weights"
+# A decoder layer's cache entries: its self-attention's keys and values so far; its
+# cross-attention's, the memory's (projected once); and the projection weights' slices, per
+# attention (the same for every row).
+SELF, MEMORY, WEIGHTS = "self", "memory", "weights"
 
 
 def _key(*scope_names: str) -> str:
@@ -297,9 +304,9 @@ def _key(*scope_names: str) -> str:
 @dataclass
 class _State:
     """A decode of N rows before step t: the memory (N, S, E) and its mask, each decoder
-    layer's cached keys and values (N, H, t, D) (its cross-attention's: the memory's, (N, H,
-    S, D), under ``MEMORY``; its attentions' projection weights under ``WEIGHTS``), and the
-    ids fed so far (N, t), ``<start>`` first."""
+    layer's cache (its self-attention's keys and values (N, H, t, D) under ``SELF``, the
+    memory's (N, H, S, D) under ``MEMORY``, its attentions' projection weights under
+    ``WEIGHTS``), and the ids fed so far (N, t), ``<start>`` first."""
 
     memory: Tensor
     memory_mask: np.ndarray
@@ -309,59 +316,75 @@ class _State:
     source: np.ndarray          # (N,) which source each row decodes
 
 
-def _layer_step(layer: nn.TransformerDecoderLayer, x: Tensor, memory: Tensor, memory_mask: np.ndarray,
+def _layer_step(layer: nn.TransformerDecoderLayer, x: Tensor, memory: Tensor | None, memory_mask: Tensor,
                 cache: dict) -> Tensor:
     """One decoder layer on the newest position only, its self-attention reading the cached
     keys and values of the earlier positions (which it extends), its cross-attention the
-    memory's (projected once)."""
+    memory's (projected once; ``memory`` may be None once they are in the cache)."""
     def attend_self(h):
         with scope(scopes.SELF_ATTENTION):
-            return _cached_attention(layer.self_attn, h, h, cache, "self", extend=True)
+            return _attend(layer.self_attn, *_self_keys(layer.self_attn, h, cache))
 
     def attend_memory(h):
+        mha = layer.multihead_attn
         with scope(scopes.CROSS_ATTENTION):
-            return _cached_attention(layer.multihead_attn, h, memory, cache, MEMORY, extend=False,
-                                     key_mask=memory_mask)
+            (W_q, _, _), (b_q, _, _) = _projections(mha, cache, MEMORY)
+            keys, values = memory_keys(mha, memory, cache)
+            return _attend(mha, _heads(h, W_q, b_q, mha.num_heads), keys, values, memory_mask)
 
     x = layer._sublayer(x, layer.norm1, layer.dropout1, attend_self)
     x = layer._sublayer(x, layer.norm2, layer.dropout2, attend_memory)
     return layer._sublayer(x, layer.norm3, layer.dropout3, layer._feed_forward)
 
 
-def _cached_attention(mha: nn.MultiHeadAttention, query: Tensor, source: Tensor, cache: dict, key: str,
-                      extend: bool, key_mask: np.ndarray | None = None) -> Tensor:
-    """Multi-head attention of ``query`` (B, 1, E) over cached keys and values: with ``extend``
-    the source's projections are appended to the cache (self-attention), else they are
-    computed once (cross-attention).
+# Decoding runs without a graph, one token at a time, so a step is a few dozen small ops whose
+# dispatch costs more than their arithmetic: self-attention projects the new token's query,
+# key and value in one product with the packed in_proj_weight, and the weights' slices are
+# taken once per decode (kept in the cache), not every step.
 
-    Decoding runs without a graph, one token at a time, so a step is a few dozen small ops
-    whose dispatch costs more than their arithmetic: self-attention projects the new token's
-    query, key and value in one product with the packed in_proj_weight, and the weights'
-    slices are taken once per decode (kept in the cache), not every step."""
-    batch, E, H = query.shape[0], mha.embed_dim, mha.num_heads
+def _projections(mha: nn.MultiHeadAttention, cache: dict, key: str):
+    """``mha._projections()``, taken once per decode."""
     weights = cache.setdefault(WEIGHTS, {})
     if key not in weights:
         weights[key] = mha._projections()
-    (W_q, W_k, W_v), (b_q, b_k, b_v) = weights[key]
+    return weights[key]
 
-    def heads(x, W, b):
-        return F.linear(x, W, b).reshape(batch, x.shape[1], H, E // H).transpose(1, 2)   # (B, H, L, D)
 
-    if extend and source is query and "in_proj_weight" in mha._parameters:
-        qkv = F.linear(query, mha.in_proj_weight, mha.in_proj_bias)                       # (B, 1, 3E)
+def _heads(x: Tensor, W: Tensor, b: Tensor | None, num_heads: int) -> Tensor:
+    """x W^T + b split into heads: (B, L, E) -> (B, H, L, E / H)."""
+    E = W.shape[0]
+    return F.linear(x, W, b).reshape(x.shape[0], x.shape[1], num_heads, E // num_heads).transpose(1, 2)
+
+
+def memory_keys(mha: nn.MultiHeadAttention, memory: Tensor, cache: dict) -> tuple[Tensor, Tensor]:
+    """A cross-attention's keys and values of the memory (B, H, S, D), projected once per
+    decode and kept in the layer's ``cache`` (the ONNX export's encoder outputs them)."""
+    if MEMORY not in cache:
+        (_, W_k, W_v), (_, b_k, b_v) = _projections(mha, cache, MEMORY)
+        cache[MEMORY] = (_heads(memory, W_k, b_k, mha.num_heads), _heads(memory, W_v, b_v, mha.num_heads))
+    return cache[MEMORY]
+
+
+def _self_keys(mha: nn.MultiHeadAttention, x: Tensor, cache: dict) -> tuple[Tensor, Tensor, Tensor]:
+    """The new token's query (B, H, 1, D), and the keys and values of every token so far
+    (B, H, t + 1, D), its own appended to the cache."""
+    batch, E, H = x.shape[0], mha.embed_dim, mha.num_heads
+    if "in_proj_weight" in mha._parameters:
+        qkv = F.linear(x, mha.in_proj_weight, mha.in_proj_bias)                           # (B, 1, 3E)
         qkv = qkv.reshape(batch, 3, H, 1, E // H).permute(1, 0, 2, 3, 4)                 # (3, B, H, 1, D)
         q, k, v = qkv[0], qkv[1], qkv[2]
-        if key in cache:
-            k, v = cat([cache[key][0], k], axis=2), cat([cache[key][1], v], axis=2)
-        cache[key] = (k, v)
     else:
-        if extend or key not in cache:
-            k, v = heads(source, W_k, b_k), heads(source, W_v, b_v)
-            if extend and key in cache:
-                k, v = cat([cache[key][0], k], axis=2), cat([cache[key][1], v], axis=2)
-            cache[key] = (k, v)
-        q = heads(query, W_q, b_q)
-    k, v = cache[key]
-    mask = None if key_mask is None else Tensor(key_mask[:, None, None, :], device=query.device)
+        (W_q, W_k, W_v), (b_q, b_k, b_v) = _projections(mha, cache, SELF)
+        q, k, v = _heads(x, W_q, b_q, H), _heads(x, W_k, b_k, H), _heads(x, W_v, b_v, H)
+    if SELF in cache:
+        k, v = cat([cache[SELF][0], k], axis=2), cat([cache[SELF][1], v], axis=2)
+    cache[SELF] = (k, v)
+    return q, k, v
+
+
+def _attend(mha: nn.MultiHeadAttention, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
+            ) -> Tensor:
+    """The fused attention of one query per row and the output projection: (B, 1, E)."""
     context, _ = scaled_dot_product(q, k, v, mask=mask, need_weights=False)
-    return F.linear(context.transpose(1, 2).reshape(batch, 1, E), mha.out_proj.weight, mha.out_proj.bias)
+    E = mha.embed_dim
+    return F.linear(context.transpose(1, 2).reshape(q.shape[0], 1, E), mha.out_proj.weight, mha.out_proj.bias)

@@ -1,0 +1,141 @@
+"""A Transformer's encoder and one cached decoder step as ONNX graphs, traced from the model's
+own code (``Transformer.encode`` and ``Transformer._cached_step``, the greedy decoder's):
+
+    encoder   src (B, S) int64 -> memory_key<l>, memory_value<l> (B, H, S, D), per decoder layer
+    decoder   tokens (N,) int64, src_mask (N, S) bool, memory_key<l>, memory_value<l>,
+              past_key<l>, past_value<l> (N, H, T, D)
+              -> logits (N, V), attention (N, S),
+                 past_key<l>_next, past_value<l>_next (N, H, T + 1, D)
+
+The encoder writes what the decoder reads from the source: each decoder layer's
+cross-attention keys and values of the memory, projected once.  The step's state is every
+decoder layer's self-attention cache, T tokens long (T = 0 at the first step, the position of
+the new token): the step appends the new token's keys and values and reads its position's
+row of the position table (sinusoids, or the learned embedding) at T.  ``attention`` is the
+last decoder layer's cross-attention averaged over heads, what the engine's ``decode_step``
+returns.  Batch, source length and T are dynamic axes; nothing in either graph depends on the
+traced sizes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import scopes
+from ..autograd import scope, toposort
+from ..tensor import Tensor
+from .onnx_graph import _Graph, _leaf, _model, _value_info
+
+BATCH, STEPS, PAST = 2, 3, 4            # traced sizes: any, as long as they differ
+
+
+def state_names(model) -> list[str]:
+    """The decoder step's state inputs (its outputs add ``_next``)."""
+    return [f"past_{kind}{layer}" for layer in range(len(model.transformer.decoder.layers))
+            for kind in ("key", "value")]
+
+
+def memory_names(model) -> list[str]:
+    return [f"memory_{kind}{layer}" for layer in range(len(model.transformer.decoder.layers))
+            for kind in ("key", "value")]
+
+
+def _heads_shape(model, length: str) -> tuple:
+    nhead = model.config["nhead"]
+    return ("N", nhead, length, model.d_model // nhead)
+
+
+def _position_rows(graph: _Graph, model, start: str, stop: str) -> str:
+    """Rows start .. stop - 1 of the position table, (L, d_model): the learned embedding's
+    weight, or the sinusoids as a constant."""
+    if model.config["positions"] == "learned":
+        table = graph.leaf(model.position.weight)
+    else:
+        table = graph.const(model._sinusoids.astype(np.float32), name="positions")
+    return graph.node("Slice", [table, start, stop, graph.ints([0])])
+
+
+def encoder_model(model, param_names: dict, metadata: dict):
+    """src (B, S) -> the memory's keys and values for every decoder layer's cross-attention."""
+    from ..models.transformer import memory_keys
+
+    graph = _Graph(param_names=param_names)
+    src = _leaf(np.ones((BATCH, STEPS), dtype=np.int64))
+    positions = _leaf(np.zeros((STEPS, model.d_model), dtype=np.float32))
+    mask = Tensor(np.ones((BATCH, 1, 1, STEPS), dtype=bool))                        # True: a real token
+    length = graph.node("Slice", [graph.node("Shape", ["src"]), graph.ints([1]), graph.ints([2])])
+    real = graph.node("Not", [graph.node("Equal", ["src", graph.ints(0)])])          # (B, S)
+    bindings = {id(src): "src", id(positions): _position_rows(graph, model, graph.ints([0]), length),
+                id(mask): graph.node("Unsqueeze", [real, graph.ints([1, 2])])}       # (B, 1, 1, S)
+    with scope(scopes.ENCODER):
+        memory = model.transformer.encoder(model._embed(model.src_embed, src, positions=positions), mask=mask)
+    outputs = []
+    for layer in model.transformer.decoder.layers:
+        outputs += memory_keys(layer.multihead_attn, memory, {})
+    names = graph.emit(outputs, bindings)
+    for made, name in zip(names, memory_names(model), strict=True):
+        graph.output(made, name)
+    out_infos = [_value_info(name, np.float32, _heads_shape(model, "S")) for name in memory_names(model)]
+    return _model(graph, "tinygrad_attn_transformer_encoder", [_value_info("src", np.int64, ("B", "S"))],
+                  out_infos, metadata)
+
+
+def decoder_model(model, param_names: dict, metadata: dict):
+    """One decoder step: ``Transformer._cached_step`` on caches that are graph inputs."""
+    from ..models.transformer import MEMORY, SELF
+
+    graph = _Graph(param_names=param_names)
+    nhead = model.config["nhead"]
+    head = (BATCH, nhead, None, model.d_model // nhead)
+    tokens = _leaf(np.ones((BATCH, 1), dtype=np.int64))
+    positions = _leaf(np.zeros((1, model.d_model), dtype=np.float32))
+    mask = Tensor(np.ones((BATCH, 1, 1, STEPS), dtype=bool))
+
+    def leaves(length):
+        return [_leaf(np.zeros(head[:2] + (length,) + head[3:], dtype=np.float32)) for _ in range(2)]
+
+    caches = [{MEMORY: tuple(leaves(STEPS)), SELF: tuple(leaves(PAST))}
+              for _ in model.transformer.decoder.layers]
+    # The new token's position is the cache's length: T, read from the first cache's shape.
+    past = graph.node("Slice", [graph.node("Shape", ["past_key0"]), graph.ints([2]), graph.ints([3])])
+    bindings = {id(tokens): graph.node("Unsqueeze", ["tokens", graph.ints([1])]),            # (N, 1)
+                id(positions): _position_rows(graph, model, past, graph.node("Add", [past, graph.ints([1])])),
+                id(mask): graph.node("Unsqueeze", ["src_mask", graph.ints([1, 2])])}       # (N, 1, 1, S)
+    flat_memory, flat_past = [], []
+    for cache in caches:
+        flat_memory += cache[MEMORY]
+        flat_past += cache[SELF]
+    for name, leaf in zip(memory_names(model) + state_names(model), flat_memory + flat_past, strict=True):
+        bindings[id(leaf)] = name
+    with scope(scopes.DECODER):
+        h = model._cached_step(tokens, 0, None, mask, caches, positions=positions)
+        logits = model.out(h)                                                       # (N, 1, V)
+    attention = _last_cross_attention(model, logits)                                # (N, H, 1, S)
+    outputs = [logits, attention] + [x for cache in caches for x in cache[SELF]]
+    made = graph.emit(outputs, bindings)
+    step_axis = graph.ints([1])
+    graph.output(graph.node("Squeeze", [made[0], step_axis]), "logits")            # (N, V)
+    averaged = graph.node("ReduceMean", [graph.root.weights[id(attention)]], axes=[1], keepdims=0)
+    graph.output(graph.node("Squeeze", [averaged, step_axis]), "attention")        # (N, S)
+    for produced, name in zip(made[2:], state_names(model), strict=True):
+        graph.output(produced, f"{name}_next")
+    inputs = [_value_info("tokens", np.int64, ("N",)), _value_info("src_mask", np.bool_, ("N", "S"))]
+    inputs += [_value_info(name, np.float32, _heads_shape(model, "S")) for name in memory_names(model)]
+    inputs += [_value_info(name, np.float32, _heads_shape(model, "T")) for name in state_names(model)]
+    outputs = [_value_info("logits", np.float32, ("N", model.config["tgt_vocab"])),
+               _value_info("attention", np.float32, ("N", "S"))]
+    outputs += [_value_info(f"{name}_next", np.float32, _heads_shape(model, "T_next"))
+                for name in state_names(model)]
+    return _model(graph, "tinygrad_attn_transformer_decoder_step", inputs, outputs, metadata)
+
+
+def _last_cross_attention(model, logits: Tensor) -> Tensor:
+    """The fused attention node of the last decoder layer's cross-attention, found in the
+    record by its scope: its weights are what the step outputs as ``attention``."""
+    last = scopes.layer(len(model.transformer.decoder.layers) - 1)
+    where = "/".join((scopes.DECODER, last, scopes.CROSS_ATTENTION))
+    for tensor in toposort([logits], only_grad=False):
+        node = tensor.node
+        if node is not None and node.op.name == "ScaledDotProduct" and node.scope.startswith(where):
+            return tensor
+    raise LookupError(f"ONNX export: no attention node recorded under {where!r}")
