@@ -150,6 +150,29 @@ def test_cli_translate_n_best_prints_each_hypothesis_with_its_score(copy_checkpo
     assert columns == ["a", "b", "c", "d"] and len(rows) == len(nbest[0].tokens)
 
 
+def test_cli_translate_length_penalty_reaches_the_beam_search(copy_checkpoint, capsys):
+    # alpha 0: the score is log P itself, and the list is the search's at alpha 0.
+    argv = ["abcd", "--beam", "4", "--n-best", "3", "--length-penalty", "0"]
+    assert cli.main(["translate", str(copy_checkpoint), *argv]) == 0
+    out = capsys.readouterr().out
+    listed = re.findall(r"^  \d\. '[a-t]*'  score (-?[\d.]+)  log P (-?[\d.]+)$", out, re.M)
+    assert listed and all(score == log_p for score, log_p in listed)
+    model, info = ta.models.load_checkpoint(copy_checkpoint)
+    src = ta.data.encode_batch([list("abcd")], info.src_vocab)
+    [nbest] = model.beam_search(src, beam=4, max_len=ta.models.evaluation.default_max_len(4), n_best=3,
+                                length_penalty=0.0)
+    assert [score for score, _ in listed] == [f"{h.score:.4f}" for h in nbest]
+
+
+def test_cli_length_penalty_needs_a_beam_and_a_number_at_least_0(copy_checkpoint, capsys):
+    for command in ("translate", "evaluate"):
+        text = ["abcd"] if command == "translate" else []
+        assert cli.main([command, str(copy_checkpoint), *text, "--length-penalty", "0.6"]) == 2
+        assert "--length-penalty scores beam search hypotheses: it needs --beam K" in capsys.readouterr().err
+        assert cli.main([command, str(copy_checkpoint), *text, "--beam", "2", "--length-penalty", "-1"]) == 2
+        assert "expected a finite number >= 0, got -1.0" in capsys.readouterr().err
+
+
 def test_cli_translate_n_best_needs_a_wide_enough_beam(copy_checkpoint, capsys):
     for argv in (["--n-best", "2"], ["--beam", "2", "--n-best", "3"]):
         assert cli.main(["translate", str(copy_checkpoint), "abcd", *argv]) == 2

@@ -69,7 +69,7 @@ def test_cli_evaluate_output_writes_one_detokenized_line_per_pair(run, capsys):
     assert cli.main(["evaluate", str(checkpoint), "--data", str(folder / "test.tsv"), "--beam", "2",
                      "--output", str(hyps)]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"beam 2: \d+ sources, exact match [\d.]+%, token error rate", out)
+    assert re.search(r"beam 2, length penalty 1: \d+ sources, exact match [\d.]+%, token error rate", out)
     assert "BLEU signature: nrefs:1" in out.replace("bleu signature", "BLEU signature")
     lines = hyps.read_text(encoding="utf-8").splitlines()
     assert len(lines) == len(test_lines)

@@ -84,6 +84,24 @@ def add_model_options(parser: argparse.ArgumentParser, defaults: dict, when: str
                         help=f"{when}a bidirectional encoder")
 
 
+non_negative_float = number_type(float, lambda v: 0 <= v < math.inf, "a finite number >= 0")
+
+
+def add_beam(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--beam", type=positive_int, default=None, metavar="K",
+                        help="beam search with K hypotheses (default: greedy)")
+    parser.add_argument("--length-penalty", type=non_negative_float, default=None, metavar="ALPHA",
+                        help="with --beam: score a hypothesis by log P / ((5 + |Y|) / 6)^ALPHA (Wu et "
+                             "al. 2016; default 1; 0 ranks by log P alone)")
+
+
+def beam_options(args) -> dict:
+    """``--beam`` and ``--length-penalty`` as keyword arguments of the decoders."""
+    if args.length_penalty is not None and args.beam is None:
+        raise UsageError("--length-penalty scores beam search hypotheses: it needs --beam K")
+    return dict(beam=args.beam, length_penalty=1.0 if args.length_penalty is None else args.length_penalty)
+
+
 # More threads than cores only makes them wait for each other.
 MAX_THREADS = os.cpu_count() or 1
 thread_count = number_type(int, lambda v: 1 <= v <= MAX_THREADS,

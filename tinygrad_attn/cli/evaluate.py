@@ -12,7 +12,9 @@ from ..serialize import write_text
 from .common import (
     EXIT_OK,
     UsageError,
+    add_beam,
     add_threads,
+    beam_options,
     load_checkpoint,
     positive_int,
     set_threads,
@@ -33,8 +35,7 @@ def add_parser(commands) -> None:
     evaluate.add_argument("checkpoint", metavar="CHECKPOINT", help="a file written by 'tinygrad-attn train'")
     evaluate.add_argument("--data", default=None, metavar="TSV",
                           help="source<TAB>target pairs (default: the test split of the run's own data)")
-    evaluate.add_argument("--beam", type=positive_int, default=None, metavar="K",
-                          help="beam search with K hypotheses (default: greedy)")
+    add_beam(evaluate)
     evaluate.add_argument("--max-len", type=positive_int, default=None, metavar="N",
                           help="tokens to produce at most (default: twice the source's length + 10)")
     evaluate.add_argument("--batch-size", type=positive_int, default=256, help="sources decoded at once")
@@ -53,8 +54,9 @@ def run(args) -> int:
     model, info = load_checkpoint(args.checkpoint)
     pairs, where = _pairs(args, info)
     set_threads(args.threads)
+    decoding = beam_options(args)
     metrics, rows = ta.models.evaluate(model, pairs, info.src_vocab, info.tgt_vocab,
-                                       batch_size=args.batch_size, max_len=args.max_len, beam=args.beam,
+                                       batch_size=args.batch_size, max_len=args.max_len, **decoding,
                                        return_outputs=True)
     if output is not None:
         hypotheses = {tuple(source): info.detokenize(tokens) for source, tokens, _ in rows}
@@ -66,8 +68,9 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(metrics))
         return EXIT_OK
-    decoding = "greedy" if args.beam is None else f"beam {args.beam}"
-    print(f"{args.checkpoint} on {where}, {decoding}: {format_metrics(metrics)}")
+    search = "greedy" if args.beam is None else \
+        f"beam {args.beam}, length penalty {decoding['length_penalty']:g}"
+    print(f"{args.checkpoint} on {where}, {search}: {format_metrics(metrics)}")
     refs = [targets if len(targets) > 1 else targets[0] for _, _, targets in rows]
     for name, signature in ta.metrics.signatures(refs).items():
         print(f"  {name} signature: {signature}")

@@ -13,7 +13,9 @@ import tinygrad_attn as ta
 from .common import (
     EXIT_OK,
     UsageError,
+    add_beam,
     add_threads,
+    beam_options,
     check_source,
     load_checkpoint,
     positive_int,
@@ -34,8 +36,7 @@ def add_parser(commands) -> None:
                     "one's.")
     translate.add_argument("checkpoint", metavar="CHECKPOINT", help="a file written by 'tinygrad-attn train'")
     translate.add_argument("texts", metavar="TEXT", nargs="+", help="what to translate (quote it), or -")
-    translate.add_argument("--beam", type=positive_int, default=None, metavar="K",
-                           help="beam search with K hypotheses (default: greedy)")
+    add_beam(translate)
     translate.add_argument("--n-best", type=positive_int, default=None, metavar="N",
                            help="print the N best hypotheses with their scores (needs --beam K, K >= N; "
                                 "with '-': N lines per input line, each the output, a tab and its score)")
@@ -51,11 +52,12 @@ def add_parser(commands) -> None:
 def run(args) -> int:
     model, info = load_checkpoint(args.checkpoint)
     set_threads(args.threads)
+    decoding = beam_options(args)
     if args.n_best is not None and (args.beam is None or args.n_best > args.beam):
         beam = "no --beam" if args.beam is None else f"--beam {args.beam}"
         raise UsageError(f"--n-best {args.n_best} needs --beam K with K >= {args.n_best}, got {beam}")
     if args.texts == ["-"]:
-        return _translate_stream(model, info, args)
+        return _translate_stream(model, info, args, decoding)
     if "-" in args.texts:
         raise UsageError("'-' (read standard input) cannot be mixed with TEXT arguments")
     if args.heatmap is not None and model.attention_kind is None:
@@ -63,7 +65,7 @@ def run(args) -> int:
     for text in args.texts:
         check_source(text, info)
     sources = [info.tokenize(text) for text in args.texts]
-    outputs = ta.models.translate_tokens(model, sources, info.src_vocab, info.tgt_vocab, beam=args.beam,
+    outputs = ta.models.translate_tokens(model, sources, info.src_vocab, info.tgt_vocab, **decoding,
                                          batch_size=args.batch_size, n_best=args.n_best)
     rows = zip(args.texts, sources, outputs, strict=True)
     for index, (text, source, output) in enumerate(rows, start=1):
@@ -102,7 +104,7 @@ def _draw(model, info, args, index: int, source: list, tokens: list, attention) 
     print(f"wrote the heatmap to {path}")
 
 
-def _translate_stream(model, info, args) -> int:
+def _translate_stream(model, info, args, decoding: dict) -> int:
     """Every line of stdin, checked first (so bad input writes nothing), then decoded in
     batches; one output line per input line."""
     if args.heatmap is not None:
@@ -130,7 +132,7 @@ def _translate_stream(model, info, args) -> int:
         sources.append(info.tokenize(line))
     real = [source for source in sources if source is not None]
     if args.n_best is not None:
-        found = iter(ta.models.translate_tokens(model, real, info.src_vocab, info.tgt_vocab, beam=args.beam,
+        found = iter(ta.models.translate_tokens(model, real, info.src_vocab, info.tgt_vocab, **decoding,
                                                 batch_size=args.batch_size, n_best=args.n_best)
                      if real else [])
         for source in sources:
@@ -140,7 +142,7 @@ def _translate_stream(model, info, args) -> int:
             lines += [""] * (args.n_best - len(lines))
             sys.stdout.write("".join(line + "\n" for line in lines))
         return EXIT_OK
-    outputs = iter(ta.models.decode(model, real, info.src_vocab, info.tgt_vocab, beam=args.beam,
+    outputs = iter(ta.models.decode(model, real, info.src_vocab, info.tgt_vocab, **decoding,
                                     batch_size=args.batch_size) if real else [])
     for source in sources:
         sys.stdout.write((info.detokenize(next(outputs)) if source is not None else "") + "\n")

@@ -79,17 +79,20 @@ def translate_tokens(model: Model, sources: Sequence, src_vocab: data.Vocab, tgt
 
 
 def decode(model: Model, sources: Sequence, src_vocab: data.Vocab, tgt_vocab: data.Vocab,
-           max_len: int | None = None, beam: int | None = None, batch_size: int = 256) -> list[list[str]]:
+           max_len: int | None = None, beam: int | None = None, batch_size: int = 256,
+           length_penalty: float = 1.0) -> list[list[str]]:
     """The output tokens for each source (``translate_tokens`` without the attention)."""
     return [tokens for tokens, _ in translate_tokens(model, sources, src_vocab, tgt_vocab, max_len=max_len,
-                                                     beam=beam, batch_size=batch_size)]
+                                                     beam=beam, batch_size=batch_size,
+                                                     length_penalty=length_penalty)]
 
 
 def evaluate(model: Model, pairs: Sequence, src_vocab: data.Vocab, tgt_vocab: data.Vocab,
              batch_size: int = 256, max_len: int | None = None, beam: int | None = None,
-             return_outputs: bool = False):
-    """Decode every distinct source of ``pairs`` (greedy, or beam search with ``beam``) and
-    score the outputs against the source's targets with ``ta.metrics.score``.
+             return_outputs: bool = False, length_penalty: float = 1.0):
+    """Decode every distinct source of ``pairs`` (greedy, or beam search with ``beam`` and Wu
+    et al.'s ``length_penalty`` alpha) and score the outputs against the source's targets with
+    ``ta.metrics.score``.
 
     A source that occurs in several pairs (a word with two pronunciations) is decoded once and
     scored against all its targets: it is right if it matches any of them.
@@ -104,7 +107,7 @@ def evaluate(model: Model, pairs: Sequence, src_vocab: data.Vocab, tgt_vocab: da
     grouped = data.references(pairs)
     sources = [source for source, _ in grouped]
     outputs = decode(model, sources, src_vocab, tgt_vocab, max_len=max_len, beam=beam,
-                     batch_size=batch_size)
+                     batch_size=batch_size, length_penalty=length_penalty)
     refs = [targets if len(targets) > 1 else targets[0] for _, targets in grouped]
     scores = metrics.score(outputs, refs)
     if not return_outputs:
