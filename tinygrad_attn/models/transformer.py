@@ -352,8 +352,11 @@ def _projections(mha: nn.MultiHeadAttention, cache: dict, key: str):
 
 def _heads(x: Tensor, W: Tensor, b: Tensor | None, num_heads: int) -> Tensor:
     """x W^T + b split into heads: (B, L, E) -> (B, H, L, E / H)."""
-    E = W.shape[0]
-    return F.linear(x, W, b).reshape(x.shape[0], x.shape[1], num_heads, E // num_heads).transpose(1, 2)
+    (batch, length), E = x.shape[:2], W.shape[0]
+    y = F.linear(x, W, b)
+    if length == 1:             # one token: the heads need no transpose, only a reshape
+        return y.reshape(batch, num_heads, 1, E // num_heads)
+    return y.reshape(batch, length, num_heads, E // num_heads).transpose(1, 2)
 
 
 def memory_keys(mha: nn.MultiHeadAttention, memory: Tensor, cache: dict) -> tuple[Tensor, Tensor]:
@@ -372,7 +375,7 @@ def _self_keys(mha: nn.MultiHeadAttention, x: Tensor, cache: dict) -> tuple[Tens
     if "in_proj_weight" in mha._parameters:
         qkv = F.linear(x, mha.in_proj_weight, mha.in_proj_bias)                           # (B, 1, 3E)
         qkv = qkv.reshape(batch, 3, H, 1, E // H).permute(1, 0, 2, 3, 4)                 # (3, B, H, 1, D)
-        q, k, v = qkv[0], qkv[1], qkv[2]
+        q, k, v = qkv[0], qkv[1], qkv[2]                     # each contiguous, as the kernels read them
     else:
         (W_q, W_k, W_v), (b_q, b_k, b_v) = _projections(mha, cache, SELF)
         q, k, v = _heads(x, W_q, b_q, H), _heads(x, W_k, b_k, H), _heads(x, W_v, b_v, H)
@@ -385,6 +388,6 @@ def _self_keys(mha: nn.MultiHeadAttention, x: Tensor, cache: dict) -> tuple[Tens
 def _attend(mha: nn.MultiHeadAttention, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
             ) -> Tensor:
     """The fused attention of one query per row and the output projection: (B, 1, E)."""
-    context, _ = scaled_dot_product(q, k, v, mask=mask, need_weights=False)
-    E = mha.embed_dim
-    return F.linear(context.transpose(1, 2).reshape(q.shape[0], 1, E), mha.out_proj.weight, mha.out_proj.bias)
+    context, _ = scaled_dot_product(q, k, v, mask=mask, need_weights=False)                 # (B, H, 1, D)
+    # (B, H, 1, D) -> (B, 1, H D): with one query, the heads concatenate by a reshape alone.
+    return F.linear(context.reshape(q.shape[0], 1, mha.embed_dim), mha.out_proj.weight, mha.out_proj.bias)
