@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import sys
+import threading
 
 __all__ = ["set_num_threads", "get_num_threads"]
 
@@ -56,10 +57,40 @@ def apply_to_numba() -> None:
 
 
 _blas: list = []
+_stops: list = []
+
+
+def _blas_controllers():
+    if not _blas:
+        from threadpoolctl import ThreadpoolController
+
+        _blas.append(ThreadpoolController().select(user_api="blas").lib_controllers)
+    return _blas[0]
+
+
+def stop_spinning_blas_threads(pool_name: str) -> None:
+    """Stop OpenBLAS's worker threads, which busy-wait for ~0.1 s after each multi-threaded
+    product (its THREAD_TIMEOUT, 2^28 cycles): on 2 cores one of them, spinning beside our own
+    second thread, left that thread half a core (blocked attention forward at (64, 256, 32):
+    12.7 ms with two threads right after a product, 6.5 ms without).  OpenBLAS starts them
+    again at its next multi-threaded product (~30 us).
+
+    Only while no Python thread but this one and those named ``pool_name...`` runs: the
+    shutdown takes back any job queued for OpenBLAS's threads, so another thread's product in
+    flight would never finish."""
+    me = threading.current_thread()
+    if any(t is not me and not t.name.startswith(pool_name) for t in threading.enumerate()):
+        return
+    if not _stops:
+        _stops.append([lib.dynlib.blas_thread_shutdown_ for lib in _blas_controllers()
+                       if lib.internal_api == "openblas" and lib.threading_layer == "pthreads"
+                       and hasattr(lib.dynlib, "blas_thread_shutdown_")])
+    for stop in _stops[0]:
+        stop()
 
 
 @contextlib.contextmanager
-def one_blas_thread():
+def one_blas_thread(pool_name: str | None = None):
     """BLAS at one thread inside the block, for work that runs its own threads, each calling
     BLAS (two threads of two-threaded BLAS took 186-335 ms where one-threaded BLAS took 100).
 
@@ -67,19 +98,21 @@ def one_blas_thread():
     (compiler/cpu/attention.py holds a lock around it).  Switching costs ~1 µs: the libraries
     are found once.  This OpenBLAS (0.3.31) ignored the call from a thread other than the
     main one once the main thread had set a count; the block then runs with BLAS's own
-    threads, slower, not wrong."""
-    if not _blas:
-        from threadpoolctl import ThreadpoolController
+    threads, slower, not wrong.
 
-        _blas.append(ThreadpoolController().select(user_api="blas").lib_controllers)
-    before = [lib.num_threads for lib in _blas[0]]
-    for lib, count in zip(_blas[0], before, strict=True):
+    ``pool_name``: the block's own threads carry this name prefix; OpenBLAS's idle threads are
+    then stopped too, so they do not spin beside them (``stop_spinning_blas_threads``)."""
+    libs = _blas_controllers()
+    before = [lib.num_threads for lib in libs]
+    for lib, count in zip(libs, before, strict=True):
         if count > 1:
             lib.set_num_threads(1)
+    if pool_name is not None and max(before, default=1) > 1:
+        stop_spinning_blas_threads(pool_name)
     try:
         yield
     finally:
-        for lib, count in zip(_blas[0], before, strict=True):
+        for lib, count in zip(libs, before, strict=True):
             if count > 1:
                 lib.set_num_threads(count)
 

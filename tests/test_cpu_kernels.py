@@ -91,7 +91,8 @@ def test_sdpa_small_heads_equal_the_reference(n, t_q, t_k, d, mask_kind, causal,
     assert n * t_q * t_k < attention.SDPA_KERNEL_MIN
     threshold = 0 if parallel else 2**62
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(attention, "SDPA_SMALL_PARALLEL_MIN", threshold)
+        patch.setattr(attention, "SDPA_SMALL_SPLIT_MIN", threshold)
+        patch.setattr(threads, "_requested", [2 if parallel else 1])
         o, lse = attention.sdpa(q, k, v, mask, 0.7, causal)
         o_ref, lse_ref, weights_ref = reference.sdpa(q, k, v, mask, 0.7, causal, True)
         np.testing.assert_allclose(o, o_ref, **TOL[dtype])

@@ -50,3 +50,35 @@ def test_one_blas_thread_pins_blas_and_restores_it_even_after_an_error():
     out = subprocess.run([sys.executable, "-c", BLAS_LIMIT_SCRIPT], capture_output=True, text=True,
                          check=True)
     assert out.stdout.split() == ["2", "1", "2", "2"]
+
+
+STOP_SCRIPT = """
+import os, threading
+import numpy as np
+from threadpoolctl import threadpool_limits
+from tinygrad_attn.compiler import threads
+threadpool_limits(2, user_api="blas")
+a = np.random.default_rng(0).random((512, 512))
+expected = a @ a                                      # starts OpenBLAS's worker thread
+tasks = lambda: len(os.listdir("/proc/self/task"))
+before = tasks()
+other = threading.Thread(target=threading.Event().wait, args=(5,), daemon=True)
+other.start()                                         # another Python thread: left alone
+threads.stop_spinning_blas_threads("pool")
+kept = tasks()
+other_name = other.name
+threads.stop_spinning_blas_threads(other_name[:3])    # its name marks it as the caller's own
+stopped = tasks()
+again = a @ a                                         # OpenBLAS starts its threads again
+print(before, kept, stopped, bool(np.array_equal(again, expected)))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
+def test_stopping_idle_blas_threads_spares_other_threads_and_products_still_work():
+    out = subprocess.run([sys.executable, "-c", STOP_SCRIPT], capture_output=True, text=True, check=True)
+    before, kept, stopped, same = out.stdout.split()
+    assert int(kept) == int(before) + 1            # the other thread started; nothing stopped
+    if int(before) > 1:                            # a threaded OpenBLAS had a worker to stop
+        assert int(stopped) < int(kept)
+    assert same == "True"

@@ -3,6 +3,7 @@ dot-product attention (+back), BLAS for the products and Numba for everything be
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -259,9 +260,11 @@ def _sdpa_heads(q, k, v, mask, scale, causal, o, lse, weights, heads):
     """The blocked forward over ``heads``; with ``weights`` (N, T_q, T_k) and one key block,
     each block's scores are computed into the weights' own rows, so the softmax the forward
     takes anyway leaves them there (scaled by 1 / total at the end)."""
+    # Python's share of a head holds the GIL, which split threads share: kept small.
+    q_blocks, k_blocks = _blocks(q.shape[1], SDPA_QUERY_BLOCK), _blocks(k.shape[1], SDPA_KEY_BLOCK)
     for n in heads:
         keep, has_mask = _head_mask(mask, n)
-        for q_block in _blocks(q.shape[1], SDPA_QUERY_BLOCK):
+        for q_block in q_blocks:
             rows = slice(*q_block)
             qb = q[n, rows] * scale                                             # (b, D)
             b = qb.shape[0]
@@ -269,8 +272,9 @@ def _sdpa_heads(q, k, v, mask, scale, causal, o, lse, weights, heads):
             total = np.zeros(b, dtype=q.dtype)
             alpha = np.empty(b, dtype=q.dtype)
             acc = o[n, rows]                                                    # (b, D_v), a view
-            acc[:] = 0
-            for k_block in _blocks(k.shape[1], SDPA_KEY_BLOCK):
+            if not k_blocks:
+                acc[:] = 0
+            for k_block in k_blocks:
                 if not _visible(causal, q_block, k_block):
                     break
                 cols = slice(*k_block)
@@ -281,7 +285,7 @@ def _sdpa_heads(q, k, v, mask, scale, causal, o, lse, weights, heads):
                 _sdpa_online(s, keep, has_mask, causal, q_block[0], k_block[0], m, total, alpha)
                 if k_block[0] > 0:
                     _sdpa_rescale(acc, alpha)
-                acc += s @ v[n, cols]
+                _matmul_into(acc, s, v[n, cols], k_block[0] == 0)
             _sdpa_finish(acc, m, total, lse[n, rows])
             if weights is not None:
                 with np.errstate(divide="ignore"):
@@ -290,13 +294,14 @@ def _sdpa_heads(q, k, v, mask, scale, causal, o, lse, weights, heads):
 
 
 def _sdpa_back_heads(q, k, v, o, lse, do, mask, scale, causal, dq, dk, dv, heads):
+    q_blocks, k_blocks = _blocks(q.shape[1], SDPA_QUERY_BLOCK), _blocks(k.shape[1], SDPA_KEY_BLOCK)
     for n in heads:
         keep, has_mask = _head_mask(mask, n)
-        for q_block in _blocks(q.shape[1], SDPA_QUERY_BLOCK):
+        for q_block in q_blocks:
             rows = slice(*q_block)
             qb = q[n, rows] * scale                                             # (b, D)
             dob = do[n, rows]                                                   # (b, D_v)
-            for k_block in _blocks(k.shape[1], SDPA_KEY_BLOCK):
+            for k_block in k_blocks:
                 if not _visible(causal, q_block, k_block):
                     break
                 cols = slice(*k_block)
@@ -312,24 +317,28 @@ def _sdpa_back_heads(q, k, v, o, lse, do, mask, scale, causal, dq, dk, dv, heads
 
 
 _pool: list[ThreadPoolExecutor] = []
+_POOL_NAME = "sdpa-heads"
 # One split at a time in the process: BLAS's thread count is process-wide, so two callers
 # pinning and restoring it in turn would undo each other (and they compete for the cores).
 _split_lock = threading.Lock()
 
 
-def _over_heads(work, n, *args):
+def _over_heads(work, n, *args, blas=True):
     """Run work(*args, heads) over the N axis: in this thread, or split between as many
     threads as ``ta.set_num_threads`` asked for (else this thread's Numba count), with BLAS
-    at one thread while they run."""
+    at one thread while they run (``blas``: work calls BLAS; else BLAS's idle threads are
+    only kept from spinning beside ours)."""
     workers = min(threads.requested() or numba.get_num_threads(), numba.config.NUMBA_NUM_THREADS, n)
     if workers <= 1:
         work(*args, range(n))
         return
     shares = [range(n * w // workers, n * (w + 1) // workers) for w in range(workers)]
     futures = []
-    with _split_lock, threads.one_blas_thread():
+    with _split_lock, (threads.one_blas_thread(pool_name=_POOL_NAME) if blas else contextlib.nullcontext()):
+        if not blas:
+            threads.stop_spinning_blas_threads(_POOL_NAME)
         if not _pool:
-            _pool.append(ThreadPoolExecutor(numba.config.NUMBA_NUM_THREADS, "sdpa-heads"))
+            _pool.append(ThreadPoolExecutor(numba.config.NUMBA_NUM_THREADS, _POOL_NAME))
         try:
             for heads in shares[1:]:
                 futures.append(_pool[0].submit(work, *args, heads))
@@ -346,11 +355,12 @@ def _over_heads(work, n, *args):
 # passes cost more than the arithmetic: a Transformer over 20-token sentences has N = 128
 # heads of 20 x 20 scores, and a decoding step one query per head.  There the kernels below
 # do everything in one sweep per head (scores, softmax, weighted sum; the backward's five
-# products likewise), in registers and one row of scratch, heads in parallel when there are
-# enough of them.  Measured against the reference's numpy passes (one thread, float32,
+# products likewise), in registers and one row of scratch, heads shared between threads when
+# there are enough of them.  Measured against the reference's numpy passes (one thread, float32,
 # D = 32, 128 heads of 20 keys): forward 6x faster with 1 query, 1.2x with 20; backward 1.5-2x
 # faster with up to 4 queries but 1.5x slower with 20, where its five per-pair loops over D
-# lose to batched BLAS products: so backward keeps the reference beyond SDPA_SMALL_BACK_QUERIES.
+# lose to batched BLAS products: so a serial backward keeps the reference beyond
+# SDPA_SMALL_BACK_QUERIES.
 # Many small heads take the same path: the blocked kernel's per-head Python loop costs ~40 us
 # a head, which 256 heads of 16 x 16 scores (a Transformer at batch 64) pay 256 times for
 # little arithmetic.  Forward+backward, one thread, (N, T, D): (256, 16, 16) 9.7 ms blocked
@@ -359,7 +369,11 @@ def _over_heads(work, n, *args):
 SDPA_KERNEL_MIN = 65536
 SDPA_HEAD_MIN = 4096
 SDPA_SMALL_BACK_QUERIES = 4
-SDPA_SMALL_PARALLEL_MIN = 1 << 20      # scores x head size at a 10 us launch (parallel_min)
+# From this many scores x head size the heads are shared between our threads (``_over_heads``;
+# the kernels release the GIL), not a prange loop: with PyTorch imported first Numba runs
+# "workqueue" threads, and a prange forward at (128, 20, 20, 32) took 622 us against 567
+# serially (our threads: 328).  A split costs ~50 us, the forward's sweep ~0.35 ns a unit.
+SDPA_SMALL_SPLIT_MIN = 1 << 19
 
 
 @njit(cache=True, fastmath=FAST, nogil=True)
@@ -424,14 +438,6 @@ def _sdpa_small_serial(q, k, v, mask, has_mask, causal, scale, o, lse, weights, 
         _sdpa_small_head(n, q, k, v, mask, has_mask, causal, scale, o, lse, scores, weights, has_weights)
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def _sdpa_small_parallel(q, k, v, mask, has_mask, causal, scale, o, lse, weights, has_weights):
-    for n in prange(q.shape[0]):
-        scores = np.empty(k.shape[1], dtype=q.dtype)
-        _sdpa_small_head(np.int64(n), q, k, v, mask, has_mask, causal, scale, o, lse, scores, weights,
-                         has_weights)
-
-
 @njit(cache=True, fastmath=FAST, error_model="numpy")
 def _sdpa_small_back_head(n, q, k, v, o, lse, do, mask, has_mask, causal, scale, dq, dk, dv):
     """Head n's gradients, each weight rebuilt from lse: p = exp(q.k scale - lse),
@@ -467,19 +473,27 @@ def _sdpa_small_back_serial(q, k, v, o, lse, do, mask, has_mask, causal, scale, 
         _sdpa_small_back_head(n, q, k, v, o, lse, do, mask, has_mask, causal, scale, dq, dk, dv)
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def _sdpa_small_back_parallel(q, k, v, o, lse, do, mask, has_mask, causal, scale, dq, dk, dv):
-    for n in prange(q.shape[0]):
-        _sdpa_small_back_head(np.int64(n), q, k, v, o, lse, do, mask, has_mask, causal, scale, dq, dk, dv)
-
-
 def _small_heads(n, t_q, t_k) -> bool:
     return n * t_q * t_k < SDPA_KERNEL_MIN or t_q * t_k < SDPA_HEAD_MIN
 
 
-def _small_kernel(serial, parallel, q, k):
-    work = q.shape[0] * q.shape[1] * k.shape[1] * q.shape[2]
-    return parallel if q.shape[0] > 1 and work >= _scaled(SDPA_SMALL_PARALLEL_MIN) else serial
+def _small_split(q, k) -> bool:
+    """Whether the heads are worth sharing between threads (see SDPA_SMALL_SPLIT_MIN)."""
+    if q.shape[0] * q.shape[1] * k.shape[1] * q.shape[2] < SDPA_SMALL_SPLIT_MIN or q.shape[0] < 2:
+        return False                    # (a decoding step's many small calls stop here)
+    return min(threads.requested() or numba.get_num_threads(), numba.config.NUMBA_NUM_THREADS) > 1
+
+
+def _small_heads_work(q, k, v, mask, has_mask, causal, scale, o, lse, weights, has_weights, heads):
+    h = slice(heads.start, heads.stop)            # a shared mask (one row) serves every head
+    _sdpa_small_serial(q[h], k[h], v[h], mask[h] if mask.shape[0] > 1 else mask, has_mask, causal, scale,
+                       o[h], lse[h], weights[h] if has_weights else weights, has_weights)
+
+
+def _small_back_heads_work(q, k, v, o, lse, do, mask, has_mask, causal, scale, dq, dk, dv, heads):
+    h = slice(heads.start, heads.stop)
+    _sdpa_small_back_serial(q[h], k[h], v[h], o[h], lse[h], do[h], mask[h] if mask.shape[0] > 1 else mask,
+                            has_mask, causal, scale, dq[h], dk[h], dv[h])
 
 
 def _small_mask(mask):
@@ -493,8 +507,11 @@ def _sdpa_small(q, k, v, mask, scale, causal, with_weights=False):
     weights = np.zeros((q.shape[0], q.shape[1], k.shape[1]) if with_weights else (1, 1, 1), dtype=q.dtype)
     if q.shape[0] and q.shape[1]:
         mask, has_mask = _small_mask(mask)
-        _small_kernel(_sdpa_small_serial, _sdpa_small_parallel, q, k)(
-            q, k, v, mask, has_mask, causal, q.dtype.type(scale), o, lse, weights, with_weights)
+        args = (q, k, v, mask, has_mask, causal, q.dtype.type(scale), o, lse, weights, with_weights)
+        if _small_split(q, k):
+            _over_heads(_small_heads_work, q.shape[0], *args, blas=False)
+        else:
+            _sdpa_small_serial(*args)
     return (o, lse, weights) if with_weights else (o, lse)
 
 
@@ -503,8 +520,11 @@ def _sdpa_small_back(q, k, v, o, lse, do, mask, scale, causal):
     dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
     if q.shape[0] and q.shape[1] and k.shape[1]:
         mask, has_mask = _small_mask(mask)
-        _small_kernel(_sdpa_small_back_serial, _sdpa_small_back_parallel, q, k)(
-            q, k, v, o, lse, do, mask, has_mask, causal, q.dtype.type(scale), dq, dk, dv)
+        args = (q, k, v, o, lse, do, mask, has_mask, causal, q.dtype.type(scale), dq, dk, dv)
+        if _small_split(q, k):
+            _over_heads(_small_back_heads_work, q.shape[0], *args, blas=False)
+        else:
+            _sdpa_small_back_serial(*args)
     return dq, dk, dv
 
 
@@ -537,7 +557,9 @@ def sdpa(q, k, v, mask, scale, causal, with_weights=False):
 def sdpa_back(q, k, v, o, lse, do, mask, scale, causal):
     """Gradients head by head, each (query, key) block's weights rebuilt from lse."""
     if _small_heads(q.shape[0], q.shape[1], k.shape[1]):
-        if q.shape[1] <= SDPA_SMALL_BACK_QUERIES:
+        # Split between threads the kernel wins again (128 heads of 20 x 20, D = 32, two
+        # threads, beside the training step's products: ~0.77 ms against the reference's ~0.8).
+        if q.shape[1] <= SDPA_SMALL_BACK_QUERIES or _small_split(q, k):
             return _sdpa_small_back(q, k, v, o, lse, do, mask, scale, causal)
         return reference.sdpa_back(q, k, v, o, lse, do, mask, scale, causal)
     q, k, v, o, lse, do = _contiguous(q, k, v, o, lse, do)
