@@ -130,6 +130,39 @@ def test_adam_follows_its_formula_in_float64():
     assert opt.state[0]["step"] == STEPS
 
 
+def ufunc_adam(param, grad, m, v, step, lr, beta1, beta2, eps, wd):
+    """Adam as the sequence of numpy ufuncs torch's formulas spell (the update the fused
+    kernel replaced), each rounding to the arrays' dtype."""
+    if wd:
+        grad = grad + param * wd
+    weight = 1.0 - beta1
+    m[...] = m + (grad - m) * weight if abs(weight) < 0.5 else grad - (grad - m) * (1.0 - weight)
+    v[...] = v * beta2 + (grad * (1.0 - beta2)) * grad
+    denom = np.sqrt(v) / ((1.0 - beta2**step) ** 0.5) + eps
+    param[...] = param + (m * -(lr / (1.0 - beta1**step))) / denom
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("config", ADAM_CONFIGS, ids=str)
+def test_adam_fused_update_is_bit_for_bit_the_ufunc_sequence(config, dtype):
+    lr, (beta1, beta2) = config.get("lr", 1e-3), config.get("betas", (0.9, 0.999))
+    eps, wd = config.get("eps", 1e-8), config.get("weight_decay", 0.0)
+    # A Fortran-ordered parameter and a transposed gradient: the update goes through copies.
+    params = make_params(dtype) + [nn.Parameter(np.asfortranarray(np.ones((3, 4))), dtype=dtype)]
+    shapes = [p.shape for p in params]
+    opt = optim.Adam(params, **config)
+    expected = values(params)
+    m = [np.zeros_like(p) for p in expected]
+    v = [np.zeros_like(p) for p in expected]
+    for step, grads in enumerate(gradients(dtype, shapes=shapes), start=1):
+        grads[-1] = np.ascontiguousarray(grads[-1].T).T
+        set_grads(params, grads)
+        opt.step()
+        for i, g in enumerate(grads):
+            ufunc_adam(expected[i], g, m[i], v[i], step, lr, beta1, beta2, eps, wd)
+            np.testing.assert_array_equal(params[i].numpy(), expected[i])
+
+
 def test_adam_first_step_moves_each_weight_by_about_lr():
     # Bias correction makes the first step -lr * sign(g) (up to eps), whatever the scale of g.
     params = make_params(np.float64)

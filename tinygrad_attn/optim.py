@@ -9,14 +9,15 @@
         opt.step()
         schedule.step()
 
-``step()`` works on the raw arrays (``p.data``, ``p.grad.data``) with in-place numpy ufuncs
-into preallocated buffers, so it builds no graph nodes, allocates nothing after a
-parameter's first update, and keeps each parameter's dtype (float32 parameters get float32
-state).  ``p.data`` is read afresh every step, so ``load_state_dict`` or ``astype`` on the
-model (which replace the arrays) are seen; state follows a dtype change.
+``step()`` works on the raw arrays (``p.data``, ``p.grad.data``) in place (SGD with numpy
+ufuncs into preallocated buffers; Adam in one fused Numba pass per parameter, bit for bit the
+ufuncs' result), so it builds no graph nodes, allocates nothing after a parameter's first
+update, and keeps each parameter's dtype (float32 parameters get float32 state).
+``p.data`` is read afresh every step, so ``load_state_dict`` or ``astype`` on the model
+(which replace the arrays) are seen; state follows a dtype change.
 
 Parameters on the "cuda" device take a host round trip each step: the parameter and its
-gradient are copied to the host, updated there by the same numpy code (the optimizer state
+gradient are copied to the host, updated there by the same code (the optimizer state
 lives on the host), and the result is copied back into the same device array.  Correct and
 simple, at the cost of three transfers per parameter per step; a fused numba.cuda kernel
 would avoid them.
@@ -31,6 +32,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from .autograd import DTypeError, ShapeError, enable_grad
+from .compiler.cpu.optim import adam as adam_update
 from .tensor import Tensor
 
 __all__ = ["Optimizer", "SGD", "Adam", "WarmupCosine", "ReduceLROnPlateau"]
@@ -95,14 +97,15 @@ class Optimizer(ABC):
     """
 
     state_arrays: tuple[str, ...] = ()
+    scratch_arrays = 2          # work buffers shaped like a parameter that ``_update`` gets
 
     def __init__(self, params, lr: float):
         self.params: list[Tensor] = _collect_parameters(type(self).__name__, params)
         self.lr = lr
         # Per parameter, None until its first update: {"step": int, name: array or None}.
         self.state: list[dict | None] = [None] * len(self.params)
-        # Work buffers, not state: never saved, reallocated when a parameter changes dtype.
-        self._scratch: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(self.params)
+        # (dtype, work buffers), not state: never saved, remade when a parameter changes dtype.
+        self._scratch: list[tuple | None] = [None] * len(self.params)
 
     @property
     def lr(self) -> float:
@@ -157,13 +160,13 @@ class Optimizer(ABC):
             if g.shape != param.shape:
                 raise ShapeError(f"{type(self).__name__}.step: params[{index}] has shape "
                                  f"{param.shape} but its gradient has shape {g.shape}")
-            scratch = self._scratch[index]
-            if scratch is None or scratch[0].dtype != param.dtype:
-                scratch = self._prepare(index, param)
+            prepared = self._scratch[index]
+            if prepared is None or prepared[0] != param.dtype:
+                prepared = self._prepare(index, param)
             state = self.state[index]
             if state is None:
                 state = self.state[index] = self._init_state(param)
-            self._update(param, g, state, scratch)
+            self._update(param, g, state, prepared[1])
             if not on_host:
                 self._write_back(index, data, param)
         return loss
@@ -175,7 +178,7 @@ class Optimizer(ABC):
                             f"{type(device_array).__name__}, which cannot be updated in place")
         copy_to_device(host)
 
-    def _prepare(self, index: int, param: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _prepare(self, index: int, param: np.ndarray) -> tuple:
         """Allocate work buffers, converting existing state after a dtype change (model.double())."""
         state = self.state[index]
         if state is not None:
@@ -183,18 +186,19 @@ class Optimizer(ABC):
                 array = state[name]
                 if array is not None and array.dtype != param.dtype:
                     state[name] = array.astype(param.dtype)
-        scratch = (np.empty_like(param), np.empty_like(param))
-        self._scratch[index] = scratch
-        return scratch
+        prepared = (param.dtype, tuple(np.empty_like(param) for _ in range(self.scratch_arrays)))
+        self._scratch[index] = prepared
+        return prepared
 
     def _init_state(self, param: np.ndarray) -> dict:
         return {"step": 0, **{name: None for name in self.state_arrays}}
 
     @abstractmethod
     def _update(self, param: np.ndarray, grad: np.ndarray, state: dict,
-                scratch: tuple[np.ndarray, np.ndarray]) -> None:
+                scratch: tuple[np.ndarray, ...]) -> None:
         """Update ``param`` in place from ``grad``, ``state`` (this parameter's, updated in
-        place) and two work buffers shaped like ``param``; every optimizer defines it."""
+        place) and ``scratch_arrays`` work buffers shaped like ``param``; every optimizer
+        defines it."""
 
     # ------------------------------------------------------------ checkpoints
 
@@ -375,6 +379,7 @@ class Adam(Optimizer):
     """
 
     state_arrays = ("exp_avg", "exp_avg_sq")
+    scratch_arrays = 0          # the fused update needs none
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0):
@@ -397,43 +402,23 @@ class Adam(Optimizer):
         self.eps, self.weight_decay = eps, weight_decay
 
     def _init_state(self, param: np.ndarray) -> dict:
-        return {"step": 0, "exp_avg": np.zeros_like(param), "exp_avg_sq": np.zeros_like(param)}
+        # C order whatever the parameter's: the fused update reads them flat.
+        return {"step": 0, "exp_avg": np.zeros(param.shape, param.dtype),
+                "exp_avg_sq": np.zeros(param.shape, param.dtype)}
 
     def _update(self, param, grad, state, scratch) -> None:
         beta1, beta2 = self.betas
-        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
-        work, extra = scratch
         step = state["step"] = state["step"] + 1
-        if self.weight_decay != 0.0:
-            np.multiply(param, self.weight_decay, out=extra)
-            np.add(grad, extra, out=extra)
-            grad = extra
-        # torch's lerp: m + w*(g - m) for a small weight w, else g - (g - m)*(1 - w), which
-        # keeps m exact when w is near 1.
-        weight = 1.0 - beta1
-        np.subtract(grad, exp_avg, out=work)
-        if abs(weight) < 0.5:
-            np.multiply(work, weight, out=work)
-            np.add(exp_avg, work, out=exp_avg)
-        else:
-            np.multiply(work, 1.0 - weight, out=work)
-            np.subtract(grad, work, out=exp_avg)
-        # addcmul's order: v*beta2 + ((1 - beta2)*g)*g.
-        np.multiply(exp_avg_sq, beta2, out=exp_avg_sq)
-        np.multiply(grad, 1.0 - beta2, out=work)
-        np.multiply(work, grad, out=work)
-        np.add(exp_avg_sq, work, out=exp_avg_sq)
-        # Bias corrections in Python floats (double), as torch computes them.
-        step_size = self._lr / (1.0 - beta1**step)
-        bias_correction2_sqrt = (1.0 - beta2**step) ** 0.5
-        denom = work
-        np.sqrt(exp_avg_sq, out=denom)
-        np.divide(denom, bias_correction2_sqrt, out=denom)
-        np.add(denom, self.eps, out=denom)
-        # addcdiv's order: p + ((-step_size)*m)/denom.  `extra` is free: grad is used up.
-        np.multiply(exp_avg, -step_size, out=extra)
-        np.divide(extra, denom, out=extra)
-        np.add(param, extra, out=param)
+        # One fused pass (compiler/cpu/optim.py), bit for bit the ufuncs torch's formulas
+        # spell: g = grad + wd*p; m = lerp(m, g, 1 - beta1) (torch's two-branch lerp);
+        # v = v*beta2 + ((1 - beta2)*g)*g; p = p + ((-step_size)*m) / (sqrt(v)/sqrt(bc2) + eps),
+        # the bias corrections in Python floats (double), as torch computes them.
+        target = param if param.flags.c_contiguous else np.ascontiguousarray(param)
+        step_size, bias_correction2_sqrt = self._lr / (1.0 - beta1**step), (1.0 - beta2**step) ** 0.5
+        adam_update(target, np.ascontiguousarray(grad), state["exp_avg"], state["exp_avg_sq"],
+                    self.weight_decay, beta1, beta2, step_size, bias_correction2_sqrt, self.eps)
+        if target is not param:
+            param[...] = target
 
 
 # ---------------------------------------------------------------- learning-rate schedules
