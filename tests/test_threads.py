@@ -82,3 +82,13 @@ def test_stopping_idle_blas_threads_spares_other_threads_and_products_still_work
     if int(before) > 1:                            # a threaded OpenBLAS had a worker to stop
         assert int(stopped) < int(kept)
     assert same == "True"
+
+
+def test_importing_the_engine_loads_no_numba_and_starts_no_thread_pool():
+    # Numba's OpenMP pool starts when compiler.cpu is first used; started at import, a later
+    # `import torch` runs torch beside a second OpenMP runtime (its training step 6x slower).
+    script = ("import sys, tinygrad_attn as ta; ta.optim.Adam([ta.nn.Parameter([1.0])]); "
+              "print(sorted(m for m in sys.modules if m == 'numba' or "
+              "m.startswith('tinygrad_attn.compiler.cpu')))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from .autograd import DTypeError, ShapeError, enable_grad
-from .compiler.cpu.optim import adam as adam_update
 from .tensor import Tensor
 
 __all__ = ["Optimizer", "SGD", "Adam", "WarmupCosine", "ReduceLROnPlateau"]
@@ -413,6 +412,11 @@ class Adam(Optimizer):
         # spell: g = grad + wd*p; m = lerp(m, g, 1 - beta1) (torch's two-branch lerp);
         # v = v*beta2 + ((1 - beta2)*g)*g; p = p + ((-step_size)*m) / (sqrt(v)/sqrt(bc2) + eps),
         # the bias corrections in Python floats (double), as torch computes them.
+        # Imported here, not with the package: importing compiler.cpu starts Numba's OpenMP pool,
+        # and a program that imports torch after the engine then runs torch beside a second
+        # OpenMP runtime (its training step took 300 ms instead of 46; compiler/numba_support.py).
+        from .compiler.cpu.optim import adam as adam_update
+
         target = param if param.flags.c_contiguous else np.ascontiguousarray(param)
         step_size, bias_correction2_sqrt = self._lr / (1.0 - beta1**step), (1.0 - beta2**step) ** 0.5
         adam_update(target, np.ascontiguousarray(grad), state["exp_avg"], state["exp_avg_sq"],
