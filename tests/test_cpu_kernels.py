@@ -136,6 +136,7 @@ def loop(request, monkeypatch):
     """Every size-chosen kernel of compiler/cpu/ takes its serial (or its parallel) loop."""
     for family in (cpu.softmax, cpu.attention):
         monkeypatch.setattr(family, "_scaled", lambda entries: 2**62 if request.param == "serial" else 0)
+    monkeypatch.setattr(cpu.norm, "PARALLEL_MIN", 2**62 if request.param == "serial" else 0)
     return request.param
 
 
@@ -152,6 +153,9 @@ def test_row_kernels_serial_and_parallel_loops(loop, rows, dtype):
              ("softmax_back", (y, dy, -1)), ("log_softmax_back", (logy, dy, -1)),
              ("cross_entropy", (x, target, -100)),
              ("cross_entropy_back", (x, reference.cross_entropy(x, target, 5)[1], target, 5, dy[:, 0]))]
+    weight, bias = rng.normal(size=100).astype(dtype), rng.normal(size=100).astype(dtype)
+    _, mean, rstd = reference.layer_norm(x, weight, bias, 1e-5)
+    cases += [("layer_norm", (x, weight, bias, 1e-5)), ("layer_norm_back", (dy, x, mean, rstd, weight))]
     for name, args in cases:
         got, want = cpu.KERNELS[name](*args), getattr(reference, name)(*args)
         if not isinstance(got, tuple):

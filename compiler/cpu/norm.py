@@ -13,7 +13,17 @@ import numpy as np
 from numba import njit, prange
 
 from ..numba_support import FAST
-from .softmax import _pick
+
+# Rows run in parallel only from this many entries.  Alone, right after a two-thread product,
+# the parallel kernels were a little faster at (640, 128) (156 against 173 us forward and
+# backward) and no faster from (2048, 256) on; but inside a Transformer training step at two
+# threads, where they alternate with products, the serial ones made the step ~1 ms (2%)
+# faster (bench/transformer.py's model, same-process A/B, two runs of 15).
+PARALLEL_MIN = 1 << 20
+
+
+def _pick(serial, parallel, x):
+    return parallel if x.size >= PARALLEL_MIN else serial
 
 
 @njit(cache=True, fastmath=FAST)
