@@ -168,7 +168,7 @@ def test_decoding_restores_training_mode_and_records_no_graph():
     model.greedy(np.array([[3, 4]]), max_len=3)
     assert model.training
     assert recorded and all(node is None for node in recorded)
-    with pytest.raises(ValueError, match="greedy: max_len must be positive"):
+    with pytest.raises(ValueError, match="greedy: max_len must be >= 1"):
         model.greedy(np.array([[3, 4]]), max_len=0)
 
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from .arguments import check_number
 from .autograd import DTypeError, ShapeError, enable_grad
 from .tensor import Tensor
 
@@ -71,17 +72,6 @@ def _collect_parameters(owner: str, params) -> list[Tensor]:
     return collected
 
 
-def _check_number(owner: str, name: str, value, low: float = 0.0, below: float | None = None) -> float:
-    """``value`` as a finite float >= low (and < below, when given)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{owner}: {name} must be a number, got {type(value).__name__}")
-    number = float(value)
-    if not math.isfinite(number) or number < low or (below is not None and number >= below):
-        bound = f"in [{low}, {below})" if below is not None else f">= {low}"
-        raise ValueError(f"{owner}: {name} must be a finite number {bound}, got {value!r}")
-    return number
-
-
 class Optimizer(ABC):
     """Base of the optimizers: the parameters, the learning rate and per-parameter state.
 
@@ -112,7 +102,7 @@ class Optimizer(ABC):
 
     @lr.setter
     def lr(self, value) -> None:
-        self._lr = _check_number(type(self).__name__, "lr", value)
+        self._lr = check_number(value, "lr", type(self).__name__, low=0.0)
 
     def hyperparameters(self) -> dict:
         """The settings ``state_dict`` saves, by constructor argument name."""
@@ -317,9 +307,9 @@ class SGD(Optimizer):
                 "weight_decay": self.weight_decay, "nesterov": self.nesterov}
 
     def _set_hyperparameters(self, lr, momentum, dampening, weight_decay, nesterov) -> None:
-        momentum = _check_number("SGD", "momentum", momentum)
-        dampening = _check_number("SGD", "dampening", dampening, low=-math.inf)
-        weight_decay = _check_number("SGD", "weight_decay", weight_decay)
+        momentum = check_number(momentum, "momentum", "SGD", low=0.0)
+        dampening = check_number(dampening, "dampening", "SGD")
+        weight_decay = check_number(weight_decay, "weight_decay", "SGD", low=0.0)
         if not isinstance(nesterov, (bool, np.bool_)):
             raise TypeError(f"SGD: nesterov must be True or False, got {nesterov!r}")
         if nesterov and (momentum == 0.0 or dampening != 0.0):
@@ -392,10 +382,10 @@ class Adam(Optimizer):
     def _set_hyperparameters(self, lr, betas, eps, weight_decay) -> None:
         if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") or len(betas) != 2:
             raise TypeError(f"Adam: betas must be a pair (beta1, beta2), got {betas!r}")
-        beta1 = _check_number("Adam", "betas[0]", betas[0], below=1.0)
-        beta2 = _check_number("Adam", "betas[1]", betas[1], below=1.0)
-        eps = _check_number("Adam", "eps", eps)
-        weight_decay = _check_number("Adam", "weight_decay", weight_decay)
+        beta1 = check_number(betas[0], "betas[0]", "Adam", low=0.0, high=1.0, high_open=True)
+        beta2 = check_number(betas[1], "betas[1]", "Adam", low=0.0, high=1.0, high_open=True)
+        eps = check_number(eps, "eps", "Adam", low=0.0)
+        weight_decay = check_number(weight_decay, "weight_decay", "Adam", low=0.0)
         self.lr = lr
         self.betas = (beta1, beta2)
         self.eps, self.weight_decay = eps, weight_decay
@@ -457,7 +447,7 @@ class WarmupCosine:
             raise ValueError(f"WarmupCosine: warmup must be an int >= 0, got {warmup!r}")
         if isinstance(total, bool) or not isinstance(total, int) or total < max(warmup, 1):
             raise ValueError(f"WarmupCosine: total must be an int >= max(warmup, 1), got {total!r}")
-        self.final_ratio = _check_number("WarmupCosine", "final_ratio", final_ratio, below=1.0 + 1e-12)
+        self.final_ratio = check_number(final_ratio, "final_ratio", "WarmupCosine", low=0.0, high=1.0)
         self.optimizer, self.base, self.warmup, self.total = optimizer, optimizer.lr, warmup, total
         self.last_step = 0
         optimizer.lr = self.rate(0)
@@ -515,8 +505,8 @@ class ReduceLROnPlateau:
         if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
             raise ValueError(f"ReduceLROnPlateau: patience must be an int >= 0, got {patience!r}")
         self.optimizer, self.mode, self.factor, self.patience = optimizer, mode, float(factor), patience
-        self.threshold = _check_number("ReduceLROnPlateau", "threshold", threshold)
-        self.min_lr = _check_number("ReduceLROnPlateau", "min_lr", min_lr)
+        self.threshold = check_number(threshold, "threshold", "ReduceLROnPlateau", low=0.0)
+        self.min_lr = check_number(min_lr, "min_lr", "ReduceLROnPlateau", low=0.0)
         self.best: float | None = None
         self.bad_evaluations = 0
 

@@ -39,6 +39,7 @@ import numpy as np
 
 from .. import data
 from .. import random as ta_random
+from ..arguments import check_int, check_number
 from ..autograd import ShapeError, no_grad
 from ..compiler import reference
 
@@ -128,15 +129,15 @@ def sample(model: Decodable, src, max_len: int = 50, temperature: float = 1.0, t
     """
     src = _source(src, "sample")
     _check_lengths("sample", max_len, min_length, no_repeat_ngram_size)
-    _check_number(temperature, "temperature", "sample", low=0.0, low_open=True)
-    _check_int(top_k, "top_k", "sample", 0)
-    _check_number(top_p, "top_p", "sample", low=0.0, low_open=True, high=1.0)
+    check_number(temperature, "temperature", "sample", low=0.0, low_open=True)
+    check_int(top_k, "top_k", "sample", 0)
+    check_number(top_p, "top_p", "sample", low=0.0, high=1.0, low_open=True)
     if isinstance(seed, np.random.Generator):
         rng = seed
     elif seed is None:
         rng = ta_random.generator()
     else:
-        rng = np.random.default_rng(_check_int(seed, "seed", "sample", 0))
+        rng = np.random.default_rng(check_int(seed, "seed", "sample", 0))
 
     def draw(allowed: np.ndarray) -> np.ndarray:
         return _draw(allowed, temperature, top_k, top_p, rng)
@@ -250,12 +251,12 @@ def beam_search(model: Decodable, src, beam: int = 5, max_len: int = 50, length_
         (fewer than ``n_best`` only when the search space holds fewer).
     """
     src = _source(src, "beam_search")
-    _check_int(beam, "beam", "beam_search", 1)
+    check_int(beam, "beam", "beam_search", 1)
     _check_lengths("beam_search", max_len, min_length, no_repeat_ngram_size)
-    _check_number(length_penalty, "length_penalty", "beam_search")
-    _check_number(coverage_penalty, "coverage_penalty", "beam_search", low=0.0)
+    check_number(length_penalty, "length_penalty", "beam_search")
+    check_number(coverage_penalty, "coverage_penalty", "beam_search", low=0.0)
     if n_best is not None:
-        _check_int(n_best, "n_best", "beam_search", 1)
+        check_int(n_best, "n_best", "beam_search", 1)
         if n_best > beam:
             raise ValueError(f"beam_search: n_best must be at most beam, got n_best={n_best} > beam={beam}")
     with inference(model):
@@ -487,31 +488,10 @@ def _source(src, where: str) -> np.ndarray:
     return array.astype(np.int64, copy=False)
 
 
-def _check_int(value, name: str, where: str, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
-        raise TypeError(f"{where}: {name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < low:
-        wanted = "positive" if low == 1 else f">= {low}"
-        raise ValueError(f"{where}: {name} must be {wanted}, got {value}")
-    return int(value)
-
-
 def _check_lengths(where: str, max_len, min_length, ngram) -> None:
-    _check_int(max_len, "max_len", where, 1)
-    _check_int(min_length, "min_length", where, 0)
-    _check_int(ngram, "no_repeat_ngram_size", where, 0)
+    check_int(max_len, "max_len", where, 1)
+    check_int(min_length, "min_length", where, 0)
+    check_int(ngram, "no_repeat_ngram_size", where, 0)
     if min_length > max_len:
         raise ValueError(f"{where}: min_length must be at most max_len, got min_length={min_length} > "
                          f"max_len={max_len}")
-
-
-def _check_number(value, name: str, where: str, low: float | None = None, low_open: bool = False,
-                  high: float | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-        raise TypeError(f"{where}: {name} must be a number, got {value!r} ({type(value).__name__})")
-    if not np.isfinite(value):
-        raise ValueError(f"{where}: {name} must be finite, got {value}")
-    too_low = low is not None and (value <= low if low_open else value < low)
-    if too_low or (high is not None and value > high):
-        span = f"{'>' if low_open else '>='} {low}" if high is None else f"in ({low}, {high}]"
-        raise ValueError(f"{where}: {name} must be {span}, got {value}")

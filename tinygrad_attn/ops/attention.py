@@ -222,7 +222,7 @@ class ScaledDotProduct(Op):
             batch = batch_shape(q_shape[:-2], k_shape[:-2], v_shape[:-2])
             return self.backend.zeros(batch + (q_shape[-2], k_shape[-2]), dtype)
         q3, k3, _, _, lse, mask3, _, batch = self.saved
-        p = getattr(self, "kept_weights", None)
+        p = self.kept_weights
         if p is None:
             p = self.backend.sdpa_weights(q3, k3, lse, mask3, float(self.scale), bool(self.causal))
         self.kept_weights = None              # handed over once: the op keeps no (T_q, T_k) array
