@@ -335,6 +335,72 @@ def test_fused_scaled_dot_product_is_one_node():
     assert out.node.op_name == "ScaledDotProduct" and out.node.inputs == (q, q, q)
 
 
+def _nodes(out):
+    from tinygrad_attn.autograd import toposort
+
+    return [t.node for t in toposort(out) if t.node is not None]
+
+
+@pytest.mark.parametrize("device", ["cpu", "numpy"])
+@pytest.mark.parametrize("causal, masked", [(False, False), (True, True)])
+def test_multi_head_reads_short_heads_in_place_and_copies_long_ones(monkeypatch, device, causal, masked):
+    """Short sentences' heads go to the fused node as the projections leave them, (B, T, H, D),
+    with no transposes in the graph; past HEADS_IN_PLACE_MAX_SCORES they are copied to
+    (B, H, T, D).  Both give the same context and gradients."""
+    B, T, S, E, H = 2, 5, 4, 6, 3
+    rng = np.random.default_rng(3)
+    arrays = [rng.normal(size=(B, T, E)), rng.normal(size=(B, S, E))] + \
+        [rng.normal(size=(E, E)) for _ in range(4)] + [rng.normal(size=E) for _ in range(4)]
+    key_mask = np.array([[True] * S, [True, True, False, False]]) if masked else None
+    dout = rng.normal(size=(B, T, E))
+    results = []
+    for limit in (ta.attention.HEADS_IN_PLACE_MAX_SCORES, 0):
+        monkeypatch.setattr(ta.attention, "HEADS_IN_PLACE_MAX_SCORES", limit)
+        x, memory, *params = (Tensor(a, requires_grad=True, dtype=np.float64, device=device) for a in arrays)
+        out, weights = ta.attention.multi_head(x, memory, memory, H, *params[:4], *params[4:], key_mask=key_mask,
+                                               causal=causal, need_weights=False)
+        assert weights is None
+        [sdpa] = [node for node in _nodes(out) if node.op_name == "ScaledDotProduct"]
+        permutes = [node for node in _nodes(out) if node.op_name == "Permute"]
+        assert (sdpa.op.layout, len(permutes)) == (("BTHD", 0) if limit else ("BHTD", 4))
+        assert sdpa.scope == "multi_head_attention/scaled_dot_product_attention"      # either way
+        out.backward(dout)
+        results.append([out.numpy(), x.grad.numpy(), memory.grad.numpy()] + [p.grad.numpy() for p in params])
+    for in_place, copied in zip(*results, strict=True):
+        np.testing.assert_allclose(in_place, copied, rtol=1e-12, atol=1e-12)
+
+
+def test_heads_in_place_record_the_weights_per_head():
+    """A record() around the in-place node gets each head's weights, (B, H, T, S), equal to
+    what need_weights=True returns."""
+    B, T, E, H = 2, 4, 6, 3
+    rng = np.random.default_rng(4)
+    x = Tensor(rng.normal(size=(B, T, E)), dtype=np.float64)
+    params = [Tensor(rng.normal(size=(E, E)), dtype=np.float64) for _ in range(4)]
+    _, want = ta.attention.multi_head(x, x, x, H, *params, causal=True, average_weights=False)
+    with ta.attention.record() as rec:
+        ta.attention.multi_head(x, x, x, H, *params, causal=True, need_weights=False)
+    [got] = rec.values()
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("shapes, match", [
+    (((2, 3, 2, 4), (2, 3, 2, 4), (2, 3, 2)), r"layout BTHD takes q \(B, T_q, H, D\)"),
+    (((2, 3, 2, 4), (2, 5, 3, 4), (2, 5, 3, 4)), r"layout BTHD: k \(2, 5, 3, 4\) must be \(B=2, T_k, H=2, D=4\)"),
+    (((2, 3, 2, 4), (2, 5, 2, 4), (2, 4, 2, 1)), r"layout BTHD: .* with the same T_k"),
+])
+def test_heads_in_place_bad_shapes_name_the_op_and_shapes(shapes, match):
+    inputs = [Tensor(np.zeros(shape)) for shape in shapes]
+    with pytest.raises(ta.ShapeError, match="ScaledDotProduct: " + match):
+        ScaledDotProduct.apply(*inputs, scale=1.0, causal=False, layout="BTHD")
+
+
+def test_unknown_layout_is_refused():
+    q = Tensor(np.zeros((1, 2, 1, 2)))
+    with pytest.raises(ValueError, match=r"ScaledDotProduct: layout must be one of \('BHTD', 'BTHD'\)"):
+        ScaledDotProduct.apply(q, q, q, scale=1.0, causal=False, layout="BHDT")
+
+
 # ---------------------------------------------------------------- nothing to attend to
 
 

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tinygrad_attn.compiler import cpu, numba_support, reference, threads
-from tinygrad_attn.compiler.cpu import attention
+from tinygrad_attn.compiler.cpu import additive, attention
 
 TOL = {np.float32: {"rtol": 2e-5, "atol": 1e-6}, np.float64: {"rtol": 1e-10, "atol": 1e-12}}
 
@@ -104,8 +104,10 @@ def test_sdpa_small_heads_equal_the_reference(n, t_q, t_k, d, mask_kind, causal,
         do = rng.normal(size=o.shape).astype(dtype)
         expected = reference.sdpa_back(q, k, v, o_ref, lse_ref, do, mask, 0.7, causal)
         # The public kernel hands many queries' backward to the reference: test both.
+        q4, k4, v4, o4, do4 = attention._heads_in_place(q, k, v, o, do)
+        small = attention._sdpa_small_back(q4, k4, v4, o4, lse, do4, mask, 0.7, causal)
         for grads in (attention.sdpa_back(q, k, v, o, lse, do, mask, 0.7, causal),
-                      attention._sdpa_small_back(q, k, v, o, lse, do, mask, 0.7, causal)):
+                      attention._as_given(q, *small)):
             for got, want in zip(grads, expected, strict=True):
                 assert got.dtype == dtype
                 np.testing.assert_allclose(got, want, **TOL[dtype])
@@ -119,9 +121,9 @@ def test_additive_scores_float32_within_rounding_of_float64(loop, n, t_q, t_k, a
     q, k = rng.normal(size=(n, t_q, a)), rng.normal(size=(n, t_k, a)) * 2
     v, de = rng.normal(size=a), rng.normal(size=(n, t_q, t_k)) * (rng.random((n, t_q, t_k)) < 0.7)
     f32 = [x.astype(np.float32) for x in (q, k, v, de)]
-    e = attention.additive_scores(*f32[:3])
+    e = additive.additive_scores(*f32[:3])
     np.testing.assert_allclose(e, reference.additive_scores(q, k, v), rtol=0, atol=1e-6 * np.abs(v).sum())
-    dq, dk, dv = attention.additive_scores_back(*f32)
+    dq, dk, dv = additive.additive_scores_back(*f32)
     dq_ref, dk_ref, dv_ref = reference.additive_scores_back(q, k, v, de)
     size_dq = np.abs(de).sum(axis=2)[..., None] * np.abs(v)          # (N, T_q, A): the terms' sizes
     size_dk = np.abs(de).sum(axis=1)[..., None] * np.abs(v)          # (N, T_k, A)
@@ -134,7 +136,7 @@ def test_additive_scores_float32_within_rounding_of_float64(loop, n, t_q, t_k, a
 @pytest.fixture(params=["serial", "parallel"])
 def loop(request, monkeypatch):
     """Every size-chosen kernel of compiler/cpu/ takes its serial (or its parallel) loop."""
-    for family in (cpu.softmax, cpu.attention):
+    for family in (cpu.softmax, cpu.additive):
         monkeypatch.setattr(family, "_scaled", lambda entries: 2**62 if request.param == "serial" else 0)
     monkeypatch.setattr(cpu.norm, "PARALLEL_MIN", 2**62 if request.param == "serial" else 0)
     return request.param
@@ -274,3 +276,62 @@ def test_parallel_thresholds_grow_with_the_measured_launch_cost(monkeypatch):
         monkeypatch.setattr(numba_support, "_LAUNCH_US", [cost])
         monkeypatch.setattr(numba_support, "_PARALLEL_MIN", {})
         assert numba_support.parallel_min(12288) == want * pool
+
+
+def _heads_first(x):
+    """(B, T, H, D) -> (B H, T, D), as the op's default layout holds heads."""
+    return np.ascontiguousarray(x.transpose(0, 2, 1, 3)).reshape(-1, x.shape[1], x.shape[3])
+
+
+def _heads_in_place_case(seed, B, H, t_q, t_k, dtype):
+    rng = np.random.default_rng(seed)
+    q, k = rng.normal(size=(B, t_q, H, 8)).astype(dtype), rng.normal(size=(B, t_k, H, 8)).astype(dtype)
+    v, do = rng.normal(size=(B, t_k, H, 5)).astype(dtype), rng.normal(size=(B, t_q, H, 5)).astype(dtype)
+    mask = rng.random((B * H, t_q, t_k)) < 0.7
+    mask[1, 3] = False                                    # a row with nothing to attend to
+    return q, k, v, do, mask
+
+
+@pytest.mark.parametrize("sizes", [(2, 3, 20, 20), (2, 3, 90, 80), (1, 2, 300, 1030)],
+                         ids=["small-heads", "blocked", "two-key-blocks"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("split", [1, 2], ids=["one-thread", "split"])
+def test_sdpa_reads_heads_in_place_as_the_transposed_copies(monkeypatch, sizes, causal, split):
+    """q, k, v (B, T, H, D), as a projection's output reshapes to them: every kernel path
+    (one sweep per small head, the blocked forward and backward with one key block and with
+    the online softmax across two; one thread or heads split) gives, in that layout, what it
+    gives for the (B H, T, D) copies, and so does the reference."""
+    monkeypatch.setattr(threads, "_requested", [split])
+    monkeypatch.setattr(attention, "SDPA_SMALL_SPLIT_MIN", 0 if split > 1 else 2**62)
+    q, k, v, do, mask = _heads_in_place_case(5, *sizes, np.float64)
+    first = [_heads_first(x) for x in (q, k, v, do)]
+    o3, lse3, w3 = attention.sdpa(*first[:3], mask, 0.6, causal, True)
+    o, lse, w = attention.sdpa(q, k, v, mask, 0.6, causal, True)
+    assert o.shape == q.shape[:3] + (5,) and o.flags.c_contiguous
+    np.testing.assert_allclose(_heads_first(o), o3, **TOL[np.float64])
+    np.testing.assert_allclose(lse, lse3, **TOL[np.float64])
+    np.testing.assert_allclose(w, w3, **TOL[np.float64])
+    np.testing.assert_allclose(attention.sdpa_weights(q, k, lse, mask, 0.6, causal), w3, **TOL[np.float64])
+    o_ref, lse_ref = reference.sdpa(q, k, v, mask, 0.6, causal)
+    np.testing.assert_allclose(o, o_ref, **TOL[np.float64])
+    grads3 = attention.sdpa_back(*first[:3], o3, lse3, first[3], mask, 0.6, causal)
+    grads = attention.sdpa_back(q, k, v, o, lse, do, mask, 0.6, causal)
+    grads_ref = reference.sdpa_back(q, k, v, o_ref, lse_ref, do, mask, 0.6, causal)
+    for got, want3, want, x in zip(grads, grads3, grads_ref, (q, k, v), strict=True):
+        assert got.shape == x.shape
+        np.testing.assert_allclose(_heads_first(got), want3, **TOL[np.float64])
+        np.testing.assert_allclose(got, want, **TOL[np.float64])
+    assert np.all(o.transpose(0, 2, 1, 3).reshape(-1, sizes[2], 5)[1, 3] == 0)
+
+
+def test_sdpa_heads_in_place_float32_at_the_mha_bench_shape():
+    """The shape the speed target names, (B, T, H, D) = (8, 256, 8, 32) in float32: the
+    heads read in place agree with their copies to float32 rounding."""
+    q, k, v, do, _ = _heads_in_place_case(6, 8, 8, 256, 256, np.float32)
+    first = [_heads_first(x) for x in (q, k, v, do)]
+    o, lse = attention.sdpa(q, k, v, None, 0.2, False)
+    o3, lse3 = attention.sdpa(*first[:3], None, 0.2, False)
+    np.testing.assert_allclose(_heads_first(o), o3, **TOL[np.float32])
+    for got, want in zip(attention.sdpa_back(q, k, v, o, lse, do, None, 0.2, False),
+                         attention.sdpa_back(*first[:3], o3, lse3, first[3], None, 0.2, False), strict=True):
+        np.testing.assert_allclose(_heads_first(got), want, **TOL[np.float32])

@@ -132,6 +132,31 @@ def test_sdpa_matches_the_reference_with_masks_and_fully_masked_rows(cuda, kerne
     assert np.all(cuda.to_numpy(got[0])[:, 1] == 0)   # the fully masked query gets no gradient
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sdpa_reads_heads_in_place_as_the_reference_does(cuda, causal):
+    """q, k, v (B, T, H, D), the layout multi-head attention hands over for short sentences:
+    outputs and gradients come back in it, equal to the reference's."""
+    rng = np.random.default_rng(3)
+    B, H, t_q, t_k = 2, 2, 3, 4
+    q, k = rng.normal(size=(B, t_q, H, 3)), rng.normal(size=(B, t_k, H, 3))
+    v = rng.normal(size=(B, t_k, H, 2))
+    mask = rng.random((B * H, t_q, t_k)) < 0.6
+    mask[:, :, 0] = True
+    o, lse = REFERENCE.sdpa(q, k, v, mask, 0.4, causal)
+    got_o, got_lse = (cuda.to_numpy(x) for x in cuda.sdpa(*on_device(cuda, q, k, v, mask), 0.4, causal))
+    assert got_o.shape == (B, t_q, H, 2)
+    np.testing.assert_allclose(got_o, o, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got_lse, lse, rtol=1e-12)
+    do = rng.normal(size=o.shape)
+    want = REFERENCE.sdpa_back(q, k, v, o, lse, do, mask, 0.4, causal)
+    got = cuda.sdpa_back(*on_device(cuda, q, k, v, o, lse, do, mask), 0.4, causal)
+    for g, w, x in zip(got, want, (q, k, v), strict=True):
+        assert tuple(g.shape) == x.shape
+        np.testing.assert_allclose(cuda.to_numpy(g), w, rtol=1e-12, atol=1e-12)
+    weights = cuda.to_numpy(cuda.sdpa_weights(*on_device(cuda, q, k, lse, mask), 0.4, causal))
+    np.testing.assert_allclose(weights, REFERENCE.sdpa_weights(q, k, lse, mask, 0.4, causal), rtol=1e-12)
+
+
 def test_fused_attention_op_without_a_mask_matches_cpu():
     rng = np.random.default_rng(2)
     inputs = [rng.normal(size=(2, 5, 3)), rng.normal(size=(2, 6, 3)), rng.normal(size=(2, 6, 2))]

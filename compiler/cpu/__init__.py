@@ -4,10 +4,10 @@ the fused attention kernels (additive scores, scaled dot-product).
 These override the numpy reference kernels of the same names; every other kernel of the
 device stays the reference one.  One module per kernel family, each with its part of the
 table (``KERNELS``): elementwise, softmax (with cross-entropy), norm (layer normalisation),
-movement (the embedding's scatter), attention, rnn (the GRU and LSTM gates).  Matrix
-products stay on numpy's BLAS: a hand-written Numba GEMM reaches ~60 GFLOP/s here against
-BLAS's ~190, so the fused attention kernels call BLAS for their products and Numba for
-everything between them.
+movement (the embedding's scatter), additive (Bahdanau's scores), attention (scaled
+dot-product), rnn (the GRU and LSTM gates).  Matrix products stay on numpy's BLAS: a
+hand-written Numba GEMM reaches ~60 GFLOP/s here against BLAS's ~190, so the fused
+attention kernels call BLAS for their products and Numba for everything between them.
 
 Softmax-shaped work (max, exp, sum, divide; its backward; cross-entropy) costs numpy four
 to seven passes over memory and a temporary per pass; a Numba row kernel does it in two
@@ -20,15 +20,16 @@ exp (and tanh, for the additive scores) dominates all of these: they come from
 ``numba_support``, polynomials that vectorise for float32 and libm for float64.
 
 Every kernel is compiled on first use and cached on disk (``cache=True``); signatures are
-kept few by passing C-contiguous 2-D/3-D arrays only.
+kept few by passing C-contiguous arrays, save one head's (T, D) rows of a (B, T, H, D)
+array, which the blocked attention reads strided rather than copy.
 """
 
 from __future__ import annotations
 
-from . import attention, elementwise, movement, norm, rnn, softmax
+from . import additive, attention, elementwise, movement, norm, rnn, softmax
 
 __all__ = ["KERNELS", "FAMILIES"]
 
-FAMILIES = (elementwise, softmax, norm, movement, attention, rnn)
+FAMILIES = (elementwise, softmax, norm, movement, additive, attention, rnn)
 
 KERNELS = {name: fn for family in FAMILIES for name, fn in family.KERNELS.items()}

@@ -1,5 +1,5 @@
-"""The fused attention kernels: Bahdanau's additive scores (+back) and blocked scaled
-dot-product attention (+back), BLAS for the products and Numba for everything between them."""
+"""Scaled dot-product attention (+back) fused: blocked, BLAS for the products and Numba for
+everything between them, or one sweep per head for small heads."""
 
 from __future__ import annotations
 
@@ -10,105 +10,11 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from .. import reference, threads
-from ..numba_support import FAST, _exp, _like, _tanh, parallel_min
+from ..numba_support import FAST, _exp, _like
 from .softmax import _NO_MASK
-
-# Below this many tanh evaluations (at a 10 µs launch; scaled by _scaled) a serial kernel
-# wins: a core runs ~2000 float32 (q + k) tanh products a microsecond, so a second thread
-# saves a 10 µs launch only beyond ~40K.
-ADDITIVE_PARALLEL_MIN = 40960
-_scaled = parallel_min        # tests replace it, as softmax.py's
-
-
-@njit(cache=True, fastmath=FAST, error_model="numpy")
-def _additive_row(q_i, k_n, v, e_i):
-    """e_i[j] = v . tanh(q_i + k_n[j]) for one query of one batch entry."""
-    for j in range(k_n.shape[0]):
-        k_j = k_n[j]
-        total = _like(q_i[0], 0.0)
-        for a in range(q_i.shape[0]):
-            total += v[a] * _tanh(q_i[a] + k_j[a])
-        e_i[j] = total
-
-
-@njit(cache=True, fastmath=FAST, error_model="numpy")
-def _additive_scores_serial(q, k, v, e):
-    for ni in range(q.shape[0] * q.shape[1]):
-        n, i = ni // q.shape[1], ni % q.shape[1]
-        _additive_row(q[n, i], k[n], v, e[n, i])
-
-
-@njit(cache=True, fastmath=FAST, error_model="numpy", parallel=True)
-def _additive_scores_parallel(q, k, v, e):
-    for ni in prange(q.shape[0] * q.shape[1]):
-        n, i = ni // q.shape[1], ni % q.shape[1]
-        _additive_row(q[n, i], k[n], v, e[n, i])
-
-
-@njit(cache=True, fastmath=FAST, error_model="numpy")
-def _additive_back_entry(q_n, k_n, v, de_n, dq_n, dk_n, dv_n):
-    """Gradients from one batch entry: dq_n, dk_n (owned by this entry) and its share dv_n
-    of dv.  tanh is recomputed, not stored; pairs with a zero gradient (masked) are skipped."""
-    for i in range(q_n.shape[0]):
-        q_i, dq_i = q_n[i], dq_n[i]
-        for j in range(k_n.shape[0]):
-            d = de_n[i, j]
-            if d == 0:
-                continue
-            k_j, dk_j = k_n[j], dk_n[j]
-            for a in range(q_i.shape[0]):
-                t = _tanh(q_i[a] + k_j[a])
-                dv_n[a] += d * t
-                g = d * (_like(t, 1.0) - t * t) * v[a]                # d e / d(q_i + k_j)
-                dq_i[a] += g
-                dk_j[a] += g
-
-
-@njit(cache=True, fastmath=FAST, error_model="numpy")
-def _additive_back_serial(q, k, v, de, dq, dk, dv_parts):
-    for n in range(q.shape[0]):
-        _additive_back_entry(q[n], k[n], v, de[n], dq[n], dk[n], dv_parts[n])
-
-
-@njit(cache=True, fastmath=FAST, error_model="numpy", parallel=True)
-def _additive_back_parallel(q, k, v, de, dq, dk, dv_parts):
-    for n in prange(q.shape[0]):
-        _additive_back_entry(q[n], k[n], v, de[n], dq[n], dk[n], dv_parts[n])
-
-
-def _contiguous(*arrays):
-    return tuple(np.ascontiguousarray(x) for x in arrays)
-
-
-def additive_scores(q, k, v):
-    """One fused pass: each tanh is computed, weighted by v and summed without a
-    (T_q, T_k, A) temporary.  Parallel over (batch, query) pairs when big enough."""
-    q, k, v = _contiguous(q, k, v)
-    e = np.empty((q.shape[0], q.shape[1], k.shape[1]), dtype=q.dtype)
-    if e.size == 0 or q.shape[2] == 0:
-        return reference.additive_scores(q, k, v)
-    big = q.shape[0] * q.shape[1] * k.shape[1] * q.shape[2] >= _scaled(ADDITIVE_PARALLEL_MIN)
-    (_additive_scores_parallel if big else _additive_scores_serial)(q, k, v, e)
-    return e
-
-
-def additive_scores_back(q, k, v, de):
-    """Parallel over batch entries, so each writes only its own rows of dq and dk; dv is
-    summed from per-entry parts."""
-    q, k, v, de = _contiguous(q, k, v, de)
-    if de.size == 0 or q.shape[2] == 0:
-        return reference.additive_scores_back(q, k, v, de)
-    dq = np.zeros_like(q)
-    dk = np.zeros_like(k)
-    dv_parts = np.zeros((q.shape[0], v.shape[0]), dtype=v.dtype)
-    big = q.shape[0] * q.shape[1] * k.shape[1] * q.shape[2] >= _scaled(ADDITIVE_PARALLEL_MIN)
-    kernel = _additive_back_parallel if big and q.shape[0] > 1 else _additive_back_serial
-    kernel(q, k, v, de, dq, dk, dv_parts)
-    return dq, dk, dv_parts.sum(axis=0)
-
 
 # ---------------------------------------------------------------- scaled dot-product attention
 
@@ -256,6 +162,16 @@ def _matmul_into(out, a, b, first):
         out += a @ b
 
 
+def _head(n, *arrays):
+    """Head n = b H + h's (T, D) rows of (B, T, H, D) arrays: views, strided when H > 1, which
+    BLAS and the kernels read where they are.  Correct at any size, but long heads read this
+    way cost more than their transposed copies do ((8, 256, 8, 32), two threads: backward
+    14.6 ms against 12.0 + ~0.8 for the copies; rows 1 KiB apart share few cache sets), so
+    multi-head attention hands only short heads over in place."""
+    b, h = divmod(n, arrays[0].shape[2])
+    return tuple(x[b, :, h] for x in arrays)
+
+
 def _sdpa_heads(q, k, v, mask, scale, causal, o, lse, weights, heads):
     """The blocked forward over ``heads``; with ``weights`` (N, T_q, T_k) and one key block,
     each block's scores are computed into the weights' own rows, so the softmax the forward
@@ -264,14 +180,15 @@ def _sdpa_heads(q, k, v, mask, scale, causal, o, lse, weights, heads):
     q_blocks, k_blocks = _blocks(q.shape[1], SDPA_QUERY_BLOCK), _blocks(k.shape[1], SDPA_KEY_BLOCK)
     for n in heads:
         keep, has_mask = _head_mask(mask, n)
+        q_n, k_n, v_n, o_n = _head(n, q, k, v, o)
         for q_block in q_blocks:
             rows = slice(*q_block)
-            qb = q[n, rows] * scale                                             # (b, D)
+            qb = q_n[rows] * scale                                              # (b, D)
             b = qb.shape[0]
             m = np.full(b, -np.inf, dtype=q.dtype)
             total = np.zeros(b, dtype=q.dtype)
             alpha = np.empty(b, dtype=q.dtype)
-            acc = o[n, rows]                                                    # (b, D_v), a view
+            acc = o_n[rows]                                                     # (b, D_v), a view
             if not k_blocks:
                 acc[:] = 0
             for k_block in k_blocks:
@@ -279,13 +196,13 @@ def _sdpa_heads(q, k, v, mask, scale, causal, o, lse, weights, heads):
                     break
                 cols = slice(*k_block)
                 if weights is None:
-                    s = qb @ k[n, cols].T                                       # (b, K)
+                    s = qb @ k_n[cols].T                                        # (b, K)
                 else:                                 # one key block: the whole rows
-                    s = np.matmul(qb, k[n, cols].T, out=weights[n, rows])
+                    s = np.matmul(qb, k_n[cols].T, out=weights[n, rows])
                 _sdpa_online(s, keep, has_mask, causal, q_block[0], k_block[0], m, total, alpha)
                 if k_block[0] > 0:
                     _sdpa_rescale(acc, alpha)
-                _matmul_into(acc, s, v[n, cols], k_block[0] == 0)
+                _matmul_into(acc, s, v_n[cols], k_block[0] == 0)
             _sdpa_finish(acc, m, total, lse[n, rows])
             if weights is not None:
                 with np.errstate(divide="ignore"):
@@ -297,23 +214,24 @@ def _sdpa_back_heads(q, k, v, o, lse, do, mask, scale, causal, dq, dk, dv, heads
     q_blocks, k_blocks = _blocks(q.shape[1], SDPA_QUERY_BLOCK), _blocks(k.shape[1], SDPA_KEY_BLOCK)
     for n in heads:
         keep, has_mask = _head_mask(mask, n)
+        q_n, k_n, v_n, o_n, do_n, dq_n, dk_n, dv_n = _head(n, q, k, v, o, do, dq, dk, dv)
         for q_block in q_blocks:
             rows = slice(*q_block)
-            qb = q[n, rows] * scale                                             # (b, D)
-            dob = do[n, rows]                                                   # (b, D_v)
+            qb = q_n[rows] * scale                                              # (b, D)
+            dob = do_n[rows]                                                    # (b, D_v)
             for k_block in k_blocks:
                 if not _visible(causal, q_block, k_block):
                     break
                 cols = slice(*k_block)
-                p = qb @ k[n, cols].T                                           # (b, K)
+                p = qb @ k_n[cols].T                                            # (b, K)
                 _sdpa_weights_from_lse(p, keep, has_mask, causal, q_block[0], k_block[0], lse[n, rows])
                 keys_first = q_block[0] == 0 and not causal
-                _matmul_into(dv[n, cols], p.T, dob, keys_first)                  # (K, D_v)
-                ds = dob @ v[n, cols].T                                         # dp (b, K)
-                _sdpa_dscores(p, ds, dob, o[n, rows])
-                _matmul_into(dq[n, rows], ds, k[n, cols], k_block[0] == 0)      # (b, D)
-                _matmul_into(dk[n, cols], ds.T, qb, keys_first)                 # (K, D)
-        dq[n] *= scale
+                _matmul_into(dv_n[cols], p.T, dob, keys_first)                  # (K, D_v)
+                ds = dob @ v_n[cols].T                                          # dp (b, K)
+                _sdpa_dscores(p, ds, dob, o_n[rows])
+                _matmul_into(dq_n[rows], ds, k_n[cols], k_block[0] == 0)        # (b, D)
+                _matmul_into(dk_n[cols], ds.T, qb, keys_first)                  # (K, D)
+        dq_n *= scale
 
 
 _pool: list[ThreadPoolExecutor] = []
@@ -386,12 +304,14 @@ def _dot(a, b):
 
 @njit(cache=True, fastmath=FAST, error_model="numpy")
 def _sdpa_small_head(n, q, k, v, mask, has_mask, causal, scale, o, lse, scores, weights, has_weights):
-    """Head n: o[n], lse[n] from q[n] (T_q, D), k[n], v[n]; ``scores`` a (T_k,) scratch row,
-    or with ``has_weights`` the weights' own row, which then keeps exp(s - m) / total."""
+    """Head n = b H + h: o[b, :, h], lse[n] from q[b, :, h] (T_q, D), k[b, :, h], v[b, :, h];
+    ``scores`` a (T_k,) scratch row, or with ``has_weights`` the weights' own row, which then
+    keeps exp(s - m) / total."""
     t_q, t_k = q.shape[1], k.shape[1]
+    b, h = n // q.shape[2], n % q.shape[2]
     keep_all = mask[n if mask.shape[0] > 1 else 0]
     for i in range(t_q):
-        q_i, o_i = q[n, i], o[n, i]
+        q_i, o_i = q[b, i, h], o[b, i, h]
         row = weights[n, i] if has_weights else scores
         keep = keep_all[i if has_mask else 0]
         stop = min(i + 1, t_k) if causal else t_k
@@ -400,7 +320,7 @@ def _sdpa_small_head(n, q, k, v, mask, has_mask, causal, scale, o, lse, scores, 
             if has_mask and not keep[j]:
                 row[j] = -np.inf
                 continue
-            e = _dot(q_i, k[n, j]) * scale
+            e = _dot(q_i, k[b, j, h]) * scale
             row[j] = e
             m = max(m, e)
         for j in range(stop, t_k):
@@ -417,7 +337,7 @@ def _sdpa_small_head(n, q, k, v, mask, has_mask, causal, scale, o, lse, scores, 
             p = _exp(row[j] - m)                     # masked: exp(-inf) = 0
             row[j] = p
             total += p
-            v_j = v[n, j]
+            v_j = v[b, j, h]
             for d in range(o_i.shape[0]):
                 o_i[d] += p * v_j[d]
         for j in range(stop, t_k):
@@ -432,9 +352,9 @@ def _sdpa_small_head(n, q, k, v, mask, has_mask, causal, scale, o, lse, scores, 
 
 
 @njit(cache=True, nogil=True)
-def _sdpa_small_serial(q, k, v, mask, has_mask, causal, scale, o, lse, weights, has_weights):
+def _sdpa_small_serial(q, k, v, mask, has_mask, causal, scale, o, lse, weights, has_weights, start, stop):
     scores = np.empty(k.shape[1], dtype=q.dtype)
-    for n in range(q.shape[0]):
+    for n in range(start, stop):
         _sdpa_small_head(n, q, k, v, mask, has_mask, causal, scale, o, lse, scores, weights, has_weights)
 
 
@@ -443,19 +363,20 @@ def _sdpa_small_back_head(n, q, k, v, o, lse, do, mask, has_mask, causal, scale,
     """Head n's gradients, each weight rebuilt from lse: p = exp(q.k scale - lse),
     ds = p (do.v - do.o); dq += ds k scale, dk += ds q scale, dv += p do."""
     t_q, t_k = q.shape[1], k.shape[1]
+    b, h = n // q.shape[2], n % q.shape[2]
     keep_all = mask[n if mask.shape[0] > 1 else 0]
     for i in range(t_q):
-        q_i, do_i, dq_i = q[n, i], do[n, i], dq[n, i]
+        q_i, do_i, dq_i = q[b, i, h], do[b, i, h], dq[b, i, h]
         lse_i = lse[n, i]
         if not math.isfinite(lse_i):                 # a row that saw nothing: no gradient
             continue
         keep = keep_all[i if has_mask else 0]
         stop = min(i + 1, t_k) if causal else t_k
-        delta = _dot(do_i, o[n, i])
+        delta = _dot(do_i, o[b, i, h])
         for j in range(stop):
             if has_mask and not keep[j]:
                 continue
-            k_j, v_j, dk_j, dv_j = k[n, j], v[n, j], dk[n, j], dv[n, j]
+            k_j, v_j, dk_j, dv_j = k[b, j, h], v[b, j, h], dk[b, j, h], dv[b, j, h]
             p = _exp(_dot(q_i, k_j) * scale - lse_i)
             ds = p * (_dot(do_i, v_j) - delta)
             for d in range(dv_j.shape[0]):
@@ -468,8 +389,8 @@ def _sdpa_small_back_head(n, q, k, v, o, lse, do, mask, has_mask, causal, scale,
 
 
 @njit(cache=True, nogil=True)
-def _sdpa_small_back_serial(q, k, v, o, lse, do, mask, has_mask, causal, scale, dq, dk, dv):
-    for n in range(q.shape[0]):
+def _sdpa_small_back_serial(q, k, v, o, lse, do, mask, has_mask, causal, scale, dq, dk, dv, start, stop):
+    for n in range(start, stop):
         _sdpa_small_back_head(n, q, k, v, o, lse, do, mask, has_mask, causal, scale, dq, dk, dv)
 
 
@@ -479,21 +400,20 @@ def _small_heads(n, t_q, t_k) -> bool:
 
 def _small_split(q, k) -> bool:
     """Whether the heads are worth sharing between threads (see SDPA_SMALL_SPLIT_MIN)."""
-    if q.shape[0] * q.shape[1] * k.shape[1] * q.shape[2] < SDPA_SMALL_SPLIT_MIN or q.shape[0] < 2:
+    heads = q.shape[0] * q.shape[2]
+    if heads * q.shape[1] * k.shape[1] * q.shape[3] < SDPA_SMALL_SPLIT_MIN or heads < 2:
         return False                    # (a decoding step's many small calls stop here)
     return min(threads.requested() or numba.get_num_threads(), numba.config.NUMBA_NUM_THREADS) > 1
 
 
-def _small_heads_work(q, k, v, mask, has_mask, causal, scale, o, lse, weights, has_weights, heads):
-    h = slice(heads.start, heads.stop)            # a shared mask (one row) serves every head
-    _sdpa_small_serial(q[h], k[h], v[h], mask[h] if mask.shape[0] > 1 else mask, has_mask, causal, scale,
-                       o[h], lse[h], weights[h] if has_weights else weights, has_weights)
+def _small_heads_work(*args):
+    *args, heads = args
+    _sdpa_small_serial(*args, heads.start, heads.stop)
 
 
-def _small_back_heads_work(q, k, v, o, lse, do, mask, has_mask, causal, scale, dq, dk, dv, heads):
-    h = slice(heads.start, heads.stop)
-    _sdpa_small_back_serial(q[h], k[h], v[h], o[h], lse[h], do[h], mask[h] if mask.shape[0] > 1 else mask,
-                            has_mask, causal, scale, dq[h], dk[h], dv[h])
+def _small_back_heads_work(*args):
+    *args, heads = args
+    _sdpa_small_back_serial(*args, heads.start, heads.stop)
 
 
 def _small_mask(mask):
@@ -501,34 +421,48 @@ def _small_mask(mask):
 
 
 def _sdpa_small(q, k, v, mask, scale, causal, with_weights=False):
-    q, k, v = _contiguous(q, k, v)
-    o = np.empty((q.shape[0], q.shape[1], v.shape[2]), dtype=q.dtype)
-    lse = np.empty(q.shape[:2], dtype=q.dtype)
-    weights = np.zeros((q.shape[0], q.shape[1], k.shape[1]) if with_weights else (1, 1, 1), dtype=q.dtype)
-    if q.shape[0] and q.shape[1]:
+    n, t_q, t_k = q.shape[0] * q.shape[2], q.shape[1], k.shape[1]
+    o = np.empty(q.shape[:3] + v.shape[3:], dtype=q.dtype)
+    lse = np.empty((n, t_q), dtype=q.dtype)
+    weights = np.zeros((n, t_q, t_k) if with_weights else (1, 1, 1), dtype=q.dtype)
+    if n and t_q:
         mask, has_mask = _small_mask(mask)
         args = (q, k, v, mask, has_mask, causal, q.dtype.type(scale), o, lse, weights, with_weights)
         if _small_split(q, k):
-            _over_heads(_small_heads_work, q.shape[0], *args, blas=False)
+            _over_heads(_small_heads_work, n, *args, blas=False)
         else:
-            _sdpa_small_serial(*args)
+            _sdpa_small_serial(*args, 0, n)
     return (o, lse, weights) if with_weights else (o, lse)
 
 
 def _sdpa_small_back(q, k, v, o, lse, do, mask, scale, causal):
-    q, k, v, o, lse, do = _contiguous(q, k, v, o, lse, do)
     dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
-    if q.shape[0] and q.shape[1] and k.shape[1]:
+    n = q.shape[0] * q.shape[2]
+    if n and q.shape[1] and k.shape[1]:
         mask, has_mask = _small_mask(mask)
         args = (q, k, v, o, lse, do, mask, has_mask, causal, q.dtype.type(scale), dq, dk, dv)
         if _small_split(q, k):
-            _over_heads(_small_back_heads_work, q.shape[0], *args, blas=False)
+            _over_heads(_small_back_heads_work, n, *args, blas=False)
         else:
-            _sdpa_small_back_serial(*args)
+            _sdpa_small_back_serial(*args, 0, n)
     return dq, dk, dv
 
 
 # ---------------------------------------------------------------- entry points
+
+# Every kernel takes q, k, v either as (N, T, D) or with the heads in place, (B, T, H, D), as
+# a projection's output reshapes to them: head n = b H + h reads q[b, :, h], so multi-head
+# attention needs no transposed copies of its inputs and gradients (four a layer, each way).
+# Inside, (N, T, D) is (N, T, 1, D); outputs come back in the layout given.  lse is (N, T_q)
+# and the weights (N, T_q, T_k) either way.
+
+
+def _heads_in_place(*arrays):
+    return tuple(np.ascontiguousarray(x if x.ndim == 4 else x[:, :, None]) for x in arrays)
+
+
+def _as_given(like, *arrays):
+    return arrays if like.ndim == 4 else tuple(x[:, :, 0] for x in arrays)
 
 
 def sdpa(q, k, v, mask, scale, causal, with_weights=False):
@@ -538,40 +472,47 @@ def sdpa(q, k, v, mask, scale, causal, with_weights=False):
     block's two products; Numba the softmax between them, in place.  ``with_weights``: the
     weights too, written by the forward when one key block holds every key (else rebuilt
     from lse after it)."""
-    n, t_q, _ = q.shape
-    t_k, d_v = k.shape[1], v.shape[2]
-    if _small_heads(n, t_q, t_k):
-        return _sdpa_small(q, k, v, mask, scale, causal, with_weights)
-    if with_weights and t_k > SDPA_KEY_BLOCK:
-        o, lse = sdpa(q, k, v, mask, scale, causal)
-        return o, lse, sdpa_weights(q, k, lse, mask, scale, causal)
-    q, k, v = _contiguous(q, k, v)
-    o = np.empty((n, t_q, d_v), dtype=q.dtype)
-    lse = np.empty((n, t_q), dtype=q.dtype)
+    given = q
+    q, k, v = _heads_in_place(q, k, v)
+    n, t_q, t_k = q.shape[0] * q.shape[2], q.shape[1], k.shape[1]
     mask = None if mask is None else np.ascontiguousarray(mask)
-    weights = np.empty((n, t_q, t_k), dtype=q.dtype) if with_weights else None
-    _over_heads(_sdpa_heads, n, q, k, v, mask, q.dtype.type(scale), causal, o, lse, weights)
-    return (o, lse, weights) if with_weights else (o, lse)
+    if _small_heads(n, t_q, t_k):
+        o, *rest = _sdpa_small(q, k, v, mask, scale, causal, with_weights)
+    elif with_weights and t_k > SDPA_KEY_BLOCK:
+        o, lse = sdpa(q, k, v, mask, scale, causal)
+        rest = [lse, sdpa_weights(q, k, lse, mask, scale, causal)]
+    else:
+        o = np.empty(q.shape[:3] + v.shape[3:], dtype=q.dtype)
+        lse = np.empty((n, t_q), dtype=q.dtype)
+        weights = np.empty((n, t_q, t_k), dtype=q.dtype) if with_weights else None
+        _over_heads(_sdpa_heads, n, q, k, v, mask, q.dtype.type(scale), causal, o, lse, weights)
+        rest = [lse, weights] if with_weights else [lse]
+    return _as_given(given, o) + tuple(rest)
 
 
 def sdpa_back(q, k, v, o, lse, do, mask, scale, causal):
     """Gradients head by head, each (query, key) block's weights rebuilt from lse."""
-    if _small_heads(q.shape[0], q.shape[1], k.shape[1]):
+    given = q
+    q, k, v, o, do = _heads_in_place(q, k, v, o, do)
+    lse = np.ascontiguousarray(lse)
+    mask = None if mask is None else np.ascontiguousarray(mask)
+    n = q.shape[0] * q.shape[2]
+    if _small_heads(n, q.shape[1], k.shape[1]):
         # Split between threads the kernel wins again (128 heads of 20 x 20, D = 32, two
         # threads, beside the training step's products: ~0.77 ms against the reference's ~0.8).
         if q.shape[1] <= SDPA_SMALL_BACK_QUERIES or _small_split(q, k):
-            return _sdpa_small_back(q, k, v, o, lse, do, mask, scale, causal)
-        return reference.sdpa_back(q, k, v, o, lse, do, mask, scale, causal)
-    q, k, v, o, lse, do = _contiguous(q, k, v, o, lse, do)
-    mask = None if mask is None else np.ascontiguousarray(mask)
+            grads = _sdpa_small_back(q, k, v, o, lse, do, mask, scale, causal)
+        else:
+            grads = reference.sdpa_back(q, k, v, o, lse, do, mask, scale, causal)
+        return _as_given(given, *grads)
     dq = np.empty_like(q)
     # Causal attention may leave keys that no query sees, and reaches some key blocks first
     # from a later query block: there dk and dv start from zeros and every block adds.
     dk = np.zeros_like(k) if causal else np.empty_like(k)
     dv = np.zeros_like(v) if causal else np.empty_like(v)
-    _over_heads(_sdpa_back_heads, q.shape[0], q, k, v, o, lse, do, mask, q.dtype.type(scale),
+    _over_heads(_sdpa_back_heads, n, q, k, v, o, lse, do, mask, q.dtype.type(scale),
                 causal, dq, dk, dv)
-    return dq, dk, dv
+    return _as_given(given, dq, dk, dv)
 
 
 @njit(cache=True, fastmath=FAST, nogil=True)
@@ -584,16 +525,17 @@ def _sdpa_weights_rows(s, mask, has_mask, causal, lse):
 def sdpa_weights(q, k, lse, mask, scale, causal):
     """The weights sdpa did not keep, from its lse: BLAS for the scores, then one Numba pass
     for exp(s - lse) and the mask, in place."""
-    n, t_q, _ = q.shape
-    if _small_heads(n, t_q, k.shape[1]):
+    q, k = _heads_in_place(q, k)
+    if _small_heads(q.shape[0] * q.shape[2], q.shape[1], k.shape[1]):
         return reference.sdpa_weights(q, k, lse, mask, scale, causal)
-    q, k, lse = _contiguous(q, k, lse)
-    s = np.matmul(q * q.dtype.type(scale), k.transpose(0, 2, 1))                 # (N, T_q, T_k)
+    lse = np.ascontiguousarray(lse)
+    # (B, H, T_q, D) @ (B, H, D, T_k): BLAS reads the heads where they are.
+    s = np.matmul(q.transpose(0, 2, 1, 3) * q.dtype.type(scale), k.transpose(0, 2, 3, 1))
+    s = s.reshape(-1, q.shape[1], k.shape[1])                                    # (N, T_q, T_k)
     has_mask = mask is not None
     mask = np.ascontiguousarray(mask) if has_mask else _NO_MASK[None]
     _sdpa_weights_rows(s, mask, has_mask, causal, lse)
     return s
 
 
-KERNELS = {"additive_scores": additive_scores, "additive_scores_back": additive_scores_back,
-           "sdpa": sdpa, "sdpa_back": sdpa_back, "sdpa_weights": sdpa_weights}
+KERNELS = {"sdpa": sdpa, "sdpa_back": sdpa_back, "sdpa_weights": sdpa_weights}

@@ -1,5 +1,4 @@
-"""Attention: Bahdanau's additive scores (+back) and FlashAttention-style scaled
-dot-product attention (+back)."""
+"""FlashAttention-style scaled dot-product attention (+back)."""
 
 from __future__ import annotations
 
@@ -8,6 +7,7 @@ import math
 import numpy as np
 from numba import cuda
 
+from ..reference.attention import heads_as, heads_first
 from .device import (
     MAX_GRID_AXIS,
     SDPA_ROWS,
@@ -20,79 +20,7 @@ from .device import (
     _per_dtype,
 )
 from .memory import zeros
-from .reduce import _sum
-
-
-@_per_dtype
-def _additive_scores_kernel(nb_type, dtype):
-    zero = dtype.type(0)
-
-    @cuda.jit
-    def additive_scores_run(e, q, k, v):
-        """e[n, i, j] = sum_a v[a] tanh(q[n, i, a] + k[n, j, a]), a thread per entry."""
-        t_q, t_k, size = q.shape[1], k.shape[1], v.shape[0]
-        for flat in range(cuda.grid(1), e.shape[0] * t_q * t_k, cuda.gridsize(1)):
-            n = flat // (t_q * t_k)
-            i = flat // t_k % t_q
-            j = flat % t_k
-            acc = zero
-            for a in range(size):
-                acc += v[a] * math.tanh(q[n, i, a] + k[n, j, a])
-            e[n, i, j] = acc
-
-    return additive_scores_run
-
-
-@_per_dtype
-def _additive_scores_back_kernel(nb_type, dtype):
-    zero, one = dtype.type(0), dtype.type(1)
-
-    @cuda.jit
-    def additive_scores_back_run(dx, dv_parts, x, y, v, de, x_is_query):
-        """dx[n, r, a] = v[a] sum_s de (1 - tanh^2) over the other side's rows s, where x is q
-        (rows of de) or k (columns of de); with q, dv_parts[n, r, a] = sum_s de tanh.
-        Each tanh is recomputed rather than stored, as in the reference."""
-        t_x, t_y, size = x.shape[1], y.shape[1], v.shape[0]
-        for flat in range(cuda.grid(1), x.shape[0] * t_x * size, cuda.gridsize(1)):
-            n = flat // (t_x * size)
-            r = flat // size % t_x
-            a = flat % size
-            acc = zero
-            acc_v = zero
-            for s in range(t_y):
-                th = math.tanh(x[n, r, a] + y[n, s, a])
-                g = de[n, r, s] if x_is_query else de[n, s, r]
-                acc += g * (one - th * th)
-                acc_v += g * th
-            dx[n, r, a] = acc * v[a]
-            if x_is_query:
-                dv_parts[n, r, a] = acc_v
-
-    return additive_scores_back_run
-
-
-def additive_scores(q, k, v):
-    """Bahdanau scores e[n, i, j] = v . tanh(q[n, i] + k[n, j]) for q (N, T_q, A),
-    k (N, T_k, A), v (A,) -> (N, T_q, T_k); the (N, T_q, T_k, A) pairs are never stored."""
-    e = _empty((q.shape[0], q.shape[1], k.shape[1]), q.dtype)
-    if e.size:
-        _launch(_additive_scores_kernel(q.dtype), _blocks(e.size), THREADS, e, q, k, v)
-    return e
-
-
-def additive_scores_back(q, k, v, de):
-    # Every entry is written by the kernels below (a sum over no rows writes 0).
-    dq = _empty(q.shape, q.dtype)
-    dk = _empty(k.shape, k.dtype)
-    dv_parts = _empty(q.shape, q.dtype)                                         # (N, T_q, A)
-    kernel = _additive_scores_back_kernel(q.dtype)
-    if dq.size:
-        _launch(kernel, _blocks(dq.size), THREADS, dq, dv_parts, q, k, v, de, True)
-    if dk.size:
-        _launch(kernel, _blocks(dk.size), THREADS, dk, dv_parts, k, q, v, de, False)
-    dv = _sum(dv_parts, (0, 1), False) if dv_parts.size else zeros(v.shape, v.dtype)
-    return dq, dk, dv
-
+from .movement import permute, reshape
 
 # ---------------------------------------------------------------- scaled dot-product attention
 
@@ -350,13 +278,25 @@ def _sdpa_mask(mask):
     return (mask, True) if mask is not None else (_no_mask(3), False)
 
 
+def _heads_first(x):
+    return heads_first(x, permute, reshape)
+
+
+def _heads_as(like, x):
+    return heads_as(like, x, permute, reshape)
+
+
 def sdpa(q, k, v, mask, scale, causal, with_weights=False):
     """Scaled dot-product attention without keeping the weights (see reference.sdpa):
     q (N, T_q, D), k (N, T_k, D), v (N, T_k, D_v), mask None or boolean (N or 1, T_q, T_k),
     True = may attend.  Returns (o (N, T_q, D_v), lse (N, T_q)); a row with nothing to
     attend to gets o = 0 and lse = -inf.  ``with_weights``: the weights too, rebuilt from
     lse after the forward (sdpa_weights): the forward kernel keeps each block's scores in
-    shared memory only."""
+    shared memory only.  Heads in place, (B, T, H, D), are copied to (B H, T, D) and the
+    output back: the kernels below index one head's rows contiguously."""
+    if len(q.shape) == 4:
+        out = sdpa(_heads_first(q), _heads_first(k), _heads_first(v), mask, scale, causal, with_weights)
+        return (_heads_as(q, out[0]),) + out[1:]
     if with_weights:
         o, lse = sdpa(q, k, v, mask, scale, causal)
         return o, lse, sdpa_weights(q, k, lse, mask, scale, causal)
@@ -381,6 +321,10 @@ def sdpa(q, k, v, mask, scale, causal, with_weights=False):
 def sdpa_back(q, k, v, o, lse, do, mask, scale, causal):
     """Gradients (dq, dk, dv) of sdpa, rebuilding the weights from lse: p = exp(s - lse),
     ds = p * (dp - sum(do * o)), with dp = do v^T."""
+    if len(q.shape) == 4:
+        q3, k3, v3, o3, do3 = (_heads_first(x) for x in (q, k, v, o, do))
+        grads = sdpa_back(q3, k3, v3, o3, lse, do3, mask, scale, causal)
+        return tuple(_heads_as(x, g) for x, g in zip((q, k, v), grads, strict=True))
     n, t_q, d = q.shape
     t_k, d_v = k.shape[1], v.shape[2]
     if n == 0 or t_q == 0 or t_k == 0:
@@ -438,6 +382,7 @@ def _sdpa_weights_kernel(nb_type, dtype):
 
 def sdpa_weights(q, k, lse, mask, scale, causal):
     """The weights sdpa did not keep, rebuilt from its lse (see reference.sdpa_weights)."""
+    q, k = _heads_first(q), _heads_first(k)
     n, t_q, _ = q.shape
     t_k = k.shape[1]
     p = _empty((n, t_q, t_k), q.dtype)
@@ -450,5 +395,4 @@ def sdpa_weights(q, k, lse, mask, scale, causal):
 
 # ---------------------------------------------------------------- the table
 
-KERNELS = {"additive_scores": additive_scores, "additive_scores_back": additive_scores_back,
-           "sdpa": sdpa, "sdpa_back": sdpa_back, "sdpa_weights": sdpa_weights}
+KERNELS = {"sdpa": sdpa, "sdpa_back": sdpa_back, "sdpa_weights": sdpa_weights}

@@ -12,11 +12,11 @@ softmax, norm, attention, rnn.
 
 from __future__ import annotations
 
-from . import attention, elementwise, linalg, memory, movement, norm, reduce, rnn, softmax
+from . import additive, attention, elementwise, linalg, memory, movement, norm, reduce, rnn, softmax
 
 __all__ = ["KERNELS", "FAMILIES"]
 
-FAMILIES = (memory, elementwise, reduce, movement, linalg, softmax, norm, attention, rnn)
+FAMILIES = (memory, elementwise, reduce, movement, linalg, softmax, norm, additive, attention, rnn)
 
 KERNELS = {name: fn for family in FAMILIES for name, fn in family.KERNELS.items()}
 

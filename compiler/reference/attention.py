@@ -1,41 +1,11 @@
-"""Attention: Bahdanau's additive scores (+back) and scaled dot-product attention (+back),
-blocked with an online softmax as the compiled kernels are, so they share one reference."""
+"""Scaled dot-product attention (+back), blocked as the compiled kernels are, so they share
+one reference."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from .linalg import matmul_nt, matmul_tn
-
-
-def additive_scores(q, k, v):
-    """Bahdanau scores e[n, i, j] = v . tanh(q[n, i] + k[n, j]) for q (N, T_q, A),
-    k (N, T_k, A), v (A,) -> (N, T_q, T_k).
-
-    One (N, T_k, A) block per query step: the (N, T_q, T_k, A) tensor of every pair is never
-    built, so memory stays that of the inputs however many queries there are.
-    """
-    e = np.empty((q.shape[0], q.shape[1], k.shape[1]), dtype=q.dtype)
-    for i in range(q.shape[1]):
-        e[:, i] = np.tanh(q[:, i, None, :] + k) @ v               # (N, T_k, A) @ (A,) -> (N, T_k)
-    return e
-
-
-def additive_scores_back(q, k, v, de):
-    """Gradients (dq, dk, dv) of additive_scores; each tanh block is recomputed rather
-    than stored, so backward needs no more memory than forward."""
-    dq = np.empty_like(q)
-    dk = np.zeros_like(k)
-    dv = np.zeros_like(v)
-    for i in range(q.shape[1]):
-        t = np.tanh(q[:, i, None, :] + k)                           # (N, T_k, A)
-        de_i = de[:, i, :, None]                                    # (N, T_k, 1)
-        dv += np.sum(de_i * t, axis=(0, 1))                         # (A,)
-        dpre = de_i * (1 - t * t) * v                               # (N, T_k, A): d e / d(q + k)
-        dq[:, i] = np.sum(dpre, axis=1)                             # (N, A)
-        dk += dpre
-    return dq, dk, dv
-
 
 SDPA_BLOCK = 128  # query rows per block: bounds the scores held at once to (N, 128, T_k)
 
@@ -50,11 +20,33 @@ def _sdpa_allowed(mask, causal, start, stop, t_k):
     return allowed
 
 
+def heads_first(x, permute=np.transpose, reshape=np.reshape):
+    """(B, T, H, D), the heads in place as a projection's output reshapes to them -> (B H, T, D),
+    head n = b H + h; (N, T, D) as it is.  ``permute`` and ``reshape`` are the device's."""
+    if len(x.shape) == 3:
+        return x
+    B, T, H, D = x.shape
+    return reshape(permute(x, (0, 2, 1, 3)), (B * H, T, D))
+
+
+def heads_as(like, x, permute=np.transpose, reshape=np.reshape):
+    """The inverse of heads_first: (B H, T, D) -> ``like``'s layout."""
+    if len(like.shape) == 3:
+        return x
+    B, _, H, _ = like.shape
+    return permute(reshape(x, (B, H) + tuple(x.shape[1:])), (0, 2, 1, 3))
+
+
+def _contiguous_transpose(x, axes):
+    return np.ascontiguousarray(np.transpose(x, axes))
+
+
 def sdpa(q, k, v, mask, scale, causal, with_weights=False):
     """Scaled dot-product attention without keeping the weights.
 
-    q (N, T_q, D), k (N, T_k, D), v (N, T_k, D_v); mask None or boolean (N or 1, T_q, T_k),
-    True = may attend; causal: key j <= query i.  Returns (o (N, T_q, D_v), lse (N, T_q)),
+    q (N, T_q, D), k (N, T_k, D), v (N, T_k, D_v), or each (B, T, H, *) with the heads in
+    place (head n = b H + h); mask None or boolean (N or 1, T_q, T_k), True = may attend;
+    causal: key j <= query i.  Returns (o (N, T_q, D_v) or (B, T_q, H, D_v), lse (N, T_q)),
     the log-sum-exp of each row's scores, which is all backward needs to rebuild the
     weights.  Queries go one block at a time; each block sees every key, so its softmax is
     exact in one pass (no running rescaling).  A row with nothing to attend to gets o = 0
@@ -63,6 +55,11 @@ def sdpa(q, k, v, mask, scale, causal, with_weights=False):
     ``with_weights``: also return the weights (N, T_q, T_k), as sdpa_weights gives them,
     written while they exist (for ``ta.attention.record``; backward never needs them).
     """
+    out = _sdpa(heads_first(q), heads_first(k), heads_first(v), mask, scale, causal, with_weights)
+    return (heads_as(q, out[0], _contiguous_transpose),) + out[1:]
+
+
+def _sdpa(q, k, v, mask, scale, causal, with_weights):
     n, t_q, _ = q.shape
     t_k = k.shape[1]
     o = np.empty((n, t_q, v.shape[2]), dtype=q.dtype)
@@ -88,8 +85,13 @@ def sdpa(q, k, v, mask, scale, causal, with_weights=False):
 
 
 def sdpa_back(q, k, v, o, lse, do, mask, scale, causal):
-    """Gradients (dq, dk, dv) of sdpa, rebuilding each block's weights from lse:
-    p = exp(s - lse), ds = p * (dp - sum(do * o)), with dp = do v^T."""
+    """Gradients (dq, dk, dv) of sdpa, each in its input's layout, rebuilding each block's
+    weights from lse: p = exp(s - lse), ds = p * (dp - sum(do * o)), with dp = do v^T."""
+    grads = _sdpa_back(*(heads_first(x) for x in (q, k, v, o)), lse, heads_first(do), mask, scale, causal)
+    return tuple(heads_as(x, g, _contiguous_transpose) for x, g in zip((q, k, v), grads, strict=True))
+
+
+def _sdpa_back(q, k, v, o, lse, do, mask, scale, causal):
     t_k = k.shape[1]
     dq = np.empty_like(q)
     dk = np.zeros_like(k)
@@ -118,6 +120,7 @@ def sdpa_weights(q, k, lse, mask, scale, causal):
     """The weights sdpa never kept, rebuilt from its lse: p = exp(q k^T scale - lse), 0 where
     masked (or causally hidden) and on rows with nothing to attend to; (N, T_q, T_k).  One
     product and one exp: no max or sum over the row, which sdpa already took."""
+    q, k = heads_first(q), heads_first(k)
     s = matmul_nt(q * q.dtype.type(scale), k)                                     # (N, T_q, T_k)
     allowed = _sdpa_allowed(mask, causal, 0, q.shape[1], k.shape[1])
     lse = lse[..., None]
@@ -127,7 +130,4 @@ def sdpa_weights(q, k, lse, mask, scale, causal):
     return np.where(keep, p, 0).astype(q.dtype, copy=False)
 
 
-KERNELS = {
-    "additive_scores": additive_scores, "additive_scores_back": additive_scores_back, "sdpa": sdpa,
-    "sdpa_back": sdpa_back, "sdpa_weights": sdpa_weights,
-}
+KERNELS = {"sdpa": sdpa, "sdpa_back": sdpa_back, "sdpa_weights": sdpa_weights}

@@ -260,6 +260,9 @@ def _additive_scores(g, op, inputs, tensors, out):
 @_lowers("ScaledDotProduct")
 def _scaled_dot_product(g, op, inputs, tensors, out):
     q, k, v = inputs[:3]
+    heads_in_place = op.layout == "BTHD"
+    if heads_in_place:                  # (B, T, H, D) -> (B, H, T, D), and back at the end
+        q, k, v = (g.node("Transpose", [x], perm=[0, 2, 1, 3]) for x in (q, k, v))
     dtype = out.dtype
     rank = tensors[1].ndim
     perm = list(range(rank - 2)) + [rank - 1, rank - 2]
@@ -277,7 +280,8 @@ def _scaled_dot_product(g, op, inputs, tensors, out):
     else:
         weights = _masked_softmax(g, scores, mask, dtype)
     g.root.weights[id(out)] = weights           # an exporter may output them (the engine keeps them too)
-    return g.node("MatMul", [weights, v])                                           # (..., T_q, D_v)
+    context = g.node("MatMul", [weights, v])                                        # (..., T_q, D_v)
+    return g.node("Transpose", [context], perm=[0, 2, 1, 3]) if heads_in_place else context
 
 
 @_lowers("LayerNorm")

@@ -151,25 +151,50 @@ class ScaledDotProduct(Op):
     The weights are never kept: forward saves each row's log-sum-exp and backward rebuilds
     the weights from it, block by block, so memory stays that of q, k, v and o.  ``causal``
     forbids key j > query i.  A row with nothing to attend to gives o = 0 and no gradient.
+
+    ``layout="BTHD"`` takes the heads in place, q (B, T_q, H, D), k (B, T_k, H, D),
+    v (B, T_k, H, D_v) -> o (B, T_q, H, D_v), the layout FlashAttention's kernels take: a
+    projection's (B, T, H D) output reshapes to it for free, where (B, H, T, D) is a
+    transposed copy each way.  The mask still broadcasts to the weights' (B, H, T_q, T_k).
     """
 
     kernels = ("broadcast_to", "reshape", "sdpa", "sdpa_back", "sdpa_weights", "sum_to", "zeros")
     # While ``ta.attention.record()`` is open, each forward appends its op here, so the
     # record can ask it for ``weights()`` (an op run without a graph is reachable no other way).
     kept: ClassVar[list | None] = None
+    layout: ClassVar[str] = "BHTD"          # the default; a call may set "BTHD"
+    LAYOUTS = ("BHTD", "BTHD")
 
     @staticmethod
-    def symbolic(sp, q, k, v, mask=None, scale=1.0, causal=False):
-        q = np.asarray(q, dtype=object)
-        scores = np.matmul(q * number(sp, scale), np.swapaxes(np.asarray(k, dtype=object), -1, -2))
+    def symbolic(sp, q, k, v, mask=None, scale=1.0, causal=False, layout="BHTD"):
+        q, k, v = (np.asarray(x, dtype=object) for x in (q, k, v))
+        if layout == "BTHD":
+            q, k, v = (np.swapaxes(x, 1, 2) for x in (q, k, v))
+        scores = np.matmul(q * number(sp, scale), np.swapaxes(k, -1, -2))
         allowed = np.ones(scores.shape, dtype=bool) if mask is None else np.broadcast_to(mask, scores.shape)
         if causal:
             allowed = allowed & np.tril(np.ones(scores.shape[-2:], dtype=bool))
-        return np.matmul(MaskedSoftmax.symbolic(sp, scores, allowed), np.asarray(v, dtype=object))
+        o = np.matmul(MaskedSoftmax.symbolic(sp, scores, allowed), v)
+        return np.swapaxes(o, 1, 2) if layout == "BTHD" else o
+
+    def _heads_in_place(self, q, k, v):
+        """Check BTHD inputs; (the weights' batch axes (B, H), T_q, T_k)."""
+        if self.layout not in self.LAYOUTS:
+            self.fail(f"layout must be one of {self.LAYOUTS}, got {self.layout!r}", ValueError)
+        if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
+            self.fail(f"layout BTHD takes q (B, T_q, H, D), k (B, T_k, H, D), v (B, T_k, H, D_v), "
+                      f"got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        (B, t_q, H, D), (t_k, D_v) = q.shape, (dim(k, 1), dim(v, 3))
+        if tuple(k.shape) != (B, t_k, H, D) or tuple(v.shape) != (B, t_k, H, D_v):
+            self.fail(f"layout BTHD: k {tuple(k.shape)} must be (B={B}, T_k, H={H}, D={D}) and v "
+                      f"{tuple(v.shape)} (B={B}, T_k, H={H}, D_v), with the same T_k")
+        return (B, H), t_q, t_k
 
     def forward(self, q, k, v, mask=None):
         check_same_dtype(self, q, k, v)
         check_float(self, q)
+        if self.layout != "BHTD":
+            return self._forward(q, k, v, mask, *self._heads_in_place(q, k, v))
         if q.ndim < 2 or k.ndim < 2 or v.ndim < 2:
             self.fail(f"expected q (..., T_q, D), k (..., T_k, D), v (..., T_k, D_v), got "
                       f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
@@ -181,7 +206,11 @@ class ScaledDotProduct(Op):
         except ValueError:
             self.fail(f"batch axes of q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
                       f"do not broadcast")
-        t_q, t_k = dim(q, -2), dim(k, -2)
+        return self._forward(q, k, v, mask, batch, dim(q, -2), dim(k, -2))
+
+    def _forward(self, q, k, v, mask, batch, t_q, t_k):
+        heads_in_place = self.layout == "BTHD"
+        d_v = dim(v, -1)
         kb = self.backend
         mask3 = None
         if mask is not None:
@@ -200,9 +229,12 @@ class ScaledDotProduct(Op):
             self.saved = None, (q.shape, k.shape, v.shape), mask is not None, q.dtype
             if ScaledDotProduct.kept is not None:
                 ScaledDotProduct.kept.append(self)
-            return kb.zeros(batch + (t_q, dim(v, -1)), q.dtype)
-        q3, k3, v3 = (kb.reshape(kb.broadcast_to(x, batch + x.shape[-2:]), (-1,) + x.shape[-2:])
-                      for x in (q, k, v))                                    # (N, T, D)
+            return kb.zeros((batch[0], t_q, batch[1], d_v) if heads_in_place else batch + (t_q, d_v), q.dtype)
+        if heads_in_place:                    # the kernels read (B, T, H, D) as it is
+            q3, k3, v3 = q, k, v
+        else:
+            q3, k3, v3 = (kb.reshape(kb.broadcast_to(x, batch + x.shape[-2:]), (-1,) + x.shape[-2:])
+                          for x in (q, k, v))                                # (N, T, D)
         self.kept_weights = None
         if ScaledDotProduct.kept is None:
             o3, lse = kb.sdpa(q3, k3, v3, mask3, float(self.scale), bool(self.causal))
@@ -210,8 +242,8 @@ class ScaledDotProduct(Op):
             o3, lse, self.kept_weights = kb.sdpa(q3, k3, v3, mask3, float(self.scale), bool(self.causal),
                                                  True)
             ScaledDotProduct.kept.append(self)
-        self.saved = (q3, k3, v3, o3, lse, mask3, (q.shape, k.shape, v.shape), batch)
-        return kb.reshape(o3, batch + (t_q, dim(v, -1)))
+        self.saved = (q3, k3, v3, o3, lse, mask3, (q.shape, k.shape, v.shape), batch, (t_q, t_k))
+        return o3 if heads_in_place else kb.reshape(o3, batch + (t_q, d_v))
 
     def weights(self):
         """The attention weights of the last forward, (..., T_q, T_k) on its device: those
@@ -219,26 +251,32 @@ class ScaledDotProduct(Op):
         rebuilt from the saved log-sum-exp (one product and one exp; no second softmax)."""
         if self.saved[0] is None:
             _, (q_shape, k_shape, v_shape), _, dtype = self.saved
-            batch = batch_shape(q_shape[:-2], k_shape[:-2], v_shape[:-2])
-            return self.backend.zeros(batch + (q_shape[-2], k_shape[-2]), dtype)
-        q3, k3, _, _, lse, mask3, _, batch = self.saved
+            if self.layout == "BTHD":
+                shape = (q_shape[0], q_shape[2], q_shape[1], k_shape[1])
+            else:
+                shape = batch_shape(q_shape[:-2], k_shape[:-2], v_shape[:-2]) + (q_shape[-2], k_shape[-2])
+            return self.backend.zeros(shape, dtype)
+        q3, k3, _, _, lse, mask3, _, batch, sizes = self.saved
         p = self.kept_weights
         if p is None:
             p = self.backend.sdpa_weights(q3, k3, lse, mask3, float(self.scale), bool(self.causal))
         self.kept_weights = None              # handed over once: the op keeps no (T_q, T_k) array
-        return self.backend.reshape(p, batch + (dim(q3, -2), dim(k3, -2)))
+        return self.backend.reshape(p, batch + sizes)
 
     def backward(self, do):
         if self.saved[0] is None:                 # no keys (or no queries): no gradient flows
             _, shapes, masked, _ = self.saved
             grads = tuple(self.backend.zeros(shape, do.dtype) for shape in shapes)
             return grads + ((None,) if masked else ())
-        q3, k3, v3, o3, lse, mask3, shapes, batch = self.saved
+        q3, k3, v3, o3, lse, mask3, shapes, batch, _ = self.saved
         kb = self.backend
         do3 = kb.reshape(do, o3.shape)
         grads = kb.sdpa_back(q3, k3, v3, o3, lse, do3, mask3, float(self.scale), bool(self.causal))
-        out = [kb.sum_to(kb.reshape(g, batch + shape[-2:]), shape)
-               for g, shape in zip(grads, shapes, strict=True)]
+        if self.layout == "BTHD":                 # no broadcasting: each gradient as its input
+            out = list(grads)
+        else:
+            out = [kb.sum_to(kb.reshape(g, batch + shape[-2:]), shape)
+                   for g, shape in zip(grads, shapes, strict=True)]
         return tuple(out) + ((None,) if mask3 is not None else ())
 
     @classmethod
@@ -249,4 +287,7 @@ class ScaledDotProduct(Op):
                 Example((uniform(823, 2, 2, 2), uniform(824, 3, 2), uniform(825, 2, 3, 2), mask),
                         {"scale": 1.0, "causal": False}),
                 Example((uniform(826, 3, 1), uniform(827, 3, 1), uniform(828, 3, 2)),
-                        {"scale": 0.5, "causal": True})]
+                        {"scale": 0.5, "causal": True}),
+                Example((uniform(829, 2, 3, 2, 2), uniform(830, 2, 3, 2, 2), uniform(831, 2, 3, 2, 1),
+                         np.array([True, False, True])),                       # key 1 hidden
+                        {"scale": 0.6, "causal": True, "layout": "BTHD"})]
