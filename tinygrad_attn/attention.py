@@ -55,6 +55,7 @@ __all__ = [
     "record",
     "Record",
     "SCOPES",
+    "HEADS_IN_PLACE_MAX_SCORES",
 ]
 
 #: The scope each function records its nodes under (what graph drawings group into a box).
