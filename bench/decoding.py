@@ -16,7 +16,8 @@ The model: ta.models.Seq2Seq, bidirectional GRU encoder, Bahdanau (additive) att
 runs/decoding/, which git ignores).  Sources are sorted by length and decoded --batch-size at a
 time with max_len = 2 x the batch's longest source + 10, as ``ta.models.evaluate`` does;
 length_penalty 1.0 (the default).  Contenders alternate within each repeat (old: --old-sources
-of the sources, its rate per sentence being what is compared); ratios are of same-run medians.
+of the sources, its rate per sentence being what is compared); ours / torch is the median of
+the repeats' own ratios, ours / old the ratio of the medians.
 Before timing, torch's twin is checked to give the engine's loss, and the outputs of the three
 searches are compared.
 

@@ -256,3 +256,11 @@ def test_export_without_onnx_says_how_to_install(monkeypatch, tmp_path):
         ta_onnx.export_onnx(small_model(*CONFIGS[0]), tmp_path / "m.onnx")
     assert str(caught.value) == "onnx needs the optional extra: pip install 'tinygrad_attn[onnx]'"
     assert caught.value.__cause__ is None
+
+
+def test_export_of_a_float64_model_says_to_cast_it(onnx, tmp_path):
+    model = small_model("gru", "dot", "luong", False, 1).astype(np.float64)
+    with pytest.raises(ta.DTypeError, match=r"writes float32 models.*float64 parameters: export "
+                                            r"model.astype\(np.float32\)"):
+        ta_onnx.export_onnx(model, tmp_path / "f64.onnx")
+    assert not list(tmp_path.iterdir())

@@ -72,6 +72,20 @@ def _collect_parameters(owner: str, params) -> list[Tensor]:
     return collected
 
 
+# The fused update kernels, imported on first use, not with the package: importing
+# compiler.cpu starts Numba's OpenMP pool, and a program that imports torch after the engine
+# then runs torch beside a second OpenMP runtime (its training step took 300 ms instead of 46;
+# compiler/numba_support.py).
+_kernels: dict = {}
+
+
+def _load_adam():
+    from .compiler.cpu.optim import adam
+
+    _kernels["adam"] = adam
+    return adam
+
+
 class Optimizer(ABC):
     """Base of the optimizers: the parameters, the learning rate and per-parameter state.
 
@@ -402,11 +416,7 @@ class Adam(Optimizer):
         # spell: g = grad + wd*p; m = lerp(m, g, 1 - beta1) (torch's two-branch lerp);
         # v = v*beta2 + ((1 - beta2)*g)*g; p = p + ((-step_size)*m) / (sqrt(v)/sqrt(bc2) + eps),
         # the bias corrections in Python floats (double), as torch computes them.
-        # Imported here, not with the package: importing compiler.cpu starts Numba's OpenMP pool,
-        # and a program that imports torch after the engine then runs torch beside a second
-        # OpenMP runtime (its training step took 300 ms instead of 46; compiler/numba_support.py).
-        from .compiler.cpu.optim import adam as adam_update
-
+        adam_update = _kernels.get("adam") or _load_adam()
         target = param if param.flags.c_contiguous else np.ascontiguousarray(param)
         step_size, bias_correction2_sqrt = self._lr / (1.0 - beta1**step), (1.0 - beta2**step) ** 0.5
         adam_update(target, np.ascontiguousarray(grad), state["exp_avg"], state["exp_avg_sq"],

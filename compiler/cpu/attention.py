@@ -406,14 +406,16 @@ def _small_split(q, k) -> bool:
     return min(threads.requested() or numba.get_num_threads(), numba.config.NUMBA_NUM_THREADS) > 1
 
 
-def _small_heads_work(*args):
-    *args, heads = args
-    _sdpa_small_serial(*args, heads.start, heads.stop)
+def _on_heads(kernel):
+    """A serial kernel taking (..., start, stop) as ``_over_heads`` work, which gets a range."""
+    def work(*args):
+        *args, heads = args
+        kernel(*args, heads.start, heads.stop)
+    return work
 
 
-def _small_back_heads_work(*args):
-    *args, heads = args
-    _sdpa_small_back_serial(*args, heads.start, heads.stop)
+_small_heads_work = _on_heads(_sdpa_small_serial)
+_small_back_heads_work = _on_heads(_sdpa_small_back_serial)
 
 
 def _small_mask(mask):

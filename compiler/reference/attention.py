@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .linalg import matmul_nt, matmul_tn
+from .movement import permute, reshape
 
 SDPA_BLOCK = 128  # query rows per block: bounds the scores held at once to (N, 128, T_k)
 
@@ -20,7 +21,7 @@ def _sdpa_allowed(mask, causal, start, stop, t_k):
     return allowed
 
 
-def heads_first(x, permute=np.transpose, reshape=np.reshape):
+def heads_first(x, permute=permute, reshape=reshape):
     """(B, T, H, D), the heads in place as a projection's output reshapes to them -> (B H, T, D),
     head n = b H + h; (N, T, D) as it is.  ``permute`` and ``reshape`` are the device's."""
     if len(x.shape) == 3:
@@ -29,16 +30,12 @@ def heads_first(x, permute=np.transpose, reshape=np.reshape):
     return reshape(permute(x, (0, 2, 1, 3)), (B * H, T, D))
 
 
-def heads_as(like, x, permute=np.transpose, reshape=np.reshape):
+def heads_as(like, x, permute=permute, reshape=reshape):
     """The inverse of heads_first: (B H, T, D) -> ``like``'s layout."""
     if len(like.shape) == 3:
         return x
     B, _, H, _ = like.shape
     return permute(reshape(x, (B, H) + tuple(x.shape[1:])), (0, 2, 1, 3))
-
-
-def _contiguous_transpose(x, axes):
-    return np.ascontiguousarray(np.transpose(x, axes))
 
 
 def sdpa(q, k, v, mask, scale, causal, with_weights=False):
@@ -56,7 +53,7 @@ def sdpa(q, k, v, mask, scale, causal, with_weights=False):
     written while they exist (for ``ta.attention.record``; backward never needs them).
     """
     out = _sdpa(heads_first(q), heads_first(k), heads_first(v), mask, scale, causal, with_weights)
-    return (heads_as(q, out[0], _contiguous_transpose),) + out[1:]
+    return (heads_as(q, out[0]),) + out[1:]
 
 
 def _sdpa(q, k, v, mask, scale, causal, with_weights):
@@ -88,7 +85,7 @@ def sdpa_back(q, k, v, o, lse, do, mask, scale, causal):
     """Gradients (dq, dk, dv) of sdpa, each in its input's layout, rebuilding each block's
     weights from lse: p = exp(s - lse), ds = p * (dp - sum(do * o)), with dp = do v^T."""
     grads = _sdpa_back(*(heads_first(x) for x in (q, k, v, o)), lse, heads_first(do), mask, scale, causal)
-    return tuple(heads_as(x, g, _contiguous_transpose) for x, g in zip((q, k, v), grads, strict=True))
+    return tuple(heads_as(x, g) for x, g in zip((q, k, v), grads, strict=True))
 
 
 def _sdpa_back(q, k, v, o, lse, do, mask, scale, causal):

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..autograd import ShapeError, enable_grad
+from ..autograd import DTypeError, ShapeError, enable_grad
+from ..data.vocab import END, PAD, START, UNK
 from . import onnx_seq2seq, onnx_transformer
 from .onnx_graph import graph_to_onnx
 from .onnx_ops import OPSET, UnsupportedOpError, _require, supported_ops
@@ -35,7 +36,7 @@ from .onnx_ops import OPSET, UnsupportedOpError, _require, supported_ops
 __all__ = ["export_onnx", "onnx", "graph_to_onnx", "OnnxModel", "OnnxExport", "UnsupportedOpError",
            "OPSET", "supported_ops"]
 
-SPECIAL_IDS = {"pad": 0, "start": 1, "end": 2, "unk": 3}
+SPECIAL_IDS = {"pad": PAD, "start": START, "end": END, "unk": UNK}
 
 
 @dataclass
@@ -70,6 +71,7 @@ def export_onnx(model, path, opset: int = OPSET) -> OnnxExport:
 
     Raises:
         UnsupportedOpError: naming an op of the model with no ONNX mapping.
+        DTypeError: the model is not float32 (``model.astype(np.float32)`` first).
         ImportError: onnx is not installed (``pip install 'tinygrad_attn[onnx]'``).
 
     Example:
@@ -89,6 +91,11 @@ def export_onnx(model, path, opset: int = OPSET) -> OnnxExport:
     else:
         raise TypeError(f"export_onnx: exports a ta.models.Seq2Seq or ta.models.Transformer; got "
                         f"{type(model).__name__}")
+    dtypes = sorted({str(p.dtype) for p in model.parameters()})
+    if dtypes != ["float32"]:
+        raise DTypeError(f"export_onnx: writes float32 models (the graphs' inputs and outputs are "
+                         f"float32); this one has {', '.join(dtypes)} parameters: export "
+                         f"model.astype(np.float32)")
     encoder_path, decoder_path = _paths(path)
     param_names = {id(p): name for name, p in model.named_parameters()}
     metadata = {"tinygrad_attn.model": family, "tinygrad_attn.config": json.dumps(model.config),
@@ -177,7 +184,7 @@ class OnnxModel:
         memory = {name: value for name, value in found.items() if name in self.step_inputs
                   and name not in self.state_names}
         if "src_mask" in self.step_inputs:
-            memory["src_mask"] = src != 0
+            memory["src_mask"] = src != PAD
         # A state the encoder does not give starts empty: a Transformer's caches, 0 tokens long.
         states = {name: found[name] if name in found else self._empty(name, len(src))
                   for name in self.state_names}

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..autograd import toposort
+from ..data.vocab import PAD
 from ..tensor import Tensor
 from .onnx_ops import LOWERINGS, OPSET, UnsupportedOpError, _onnx_type, _require
 
@@ -61,6 +62,10 @@ class _Graph:
 
     def ints(self, values) -> str:
         return self.const(np.asarray(values, dtype=np.int64))
+
+    def real_tokens(self, ids: str = "src") -> str:
+        """True where the int64 input ``ids`` holds a real token, not padding: (B, S) bool."""
+        return self.node("Not", [self.node("Equal", [ids, self.ints(PAD)])])
 
     def leaf(self, tensor: Tensor) -> str:
         """A leaf of the record: a parameter (its state_dict name) or a constant."""

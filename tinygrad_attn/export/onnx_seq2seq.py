@@ -45,7 +45,7 @@ def encoder_model(model, param_names: dict, metadata: dict):
     batch, steps = 2, 3                                         # any sizes: the axes are dynamic
     src = _leaf(np.ones((batch, steps), dtype=np.int64))
     (embedded,) = graph.emit([model.src_embed(src)], {id(src): "src"})               # (B, S, E)
-    mask = graph.node("Not", [graph.node("Equal", ["src", graph.ints(0)])])          # (B, S)
+    mask = graph.real_tokens()                                                       # (B, S)
     # The initial state: zeros (B, H), B read from src.
     rows = graph.node("Slice", [graph.node("Shape", ["src"]), graph.ints([0]), graph.ints([1])])
     zeros = graph.node("ConstantOfShape", [graph.node("Concat", [rows, graph.ints([model.hidden])], axis=0)],

@@ -64,7 +64,7 @@ def encoder_model(model, param_names: dict, metadata: dict):
     positions = _leaf(np.zeros((STEPS, model.d_model), dtype=np.float32))
     mask = Tensor(np.ones((BATCH, 1, 1, STEPS), dtype=bool))                        # True: a real token
     length = graph.node("Slice", [graph.node("Shape", ["src"]), graph.ints([1]), graph.ints([2])])
-    real = graph.node("Not", [graph.node("Equal", ["src", graph.ints(0)])])          # (B, S)
+    real = graph.real_tokens()                                                       # (B, S)
     bindings = {id(src): "src", id(positions): _position_rows(graph, model, graph.ints([0]), length),
                 id(mask): graph.node("Unsqueeze", [real, graph.ints([1, 2])])}       # (B, 1, 1, S)
     with scope(scopes.ENCODER):

@@ -143,8 +143,6 @@ class Seq2Seq(TorchTwin, nn.Module):
         return (f"cell={c['cell']!r}, attention={c['attention']!r}, style={c['style']!r}, "
                 f"embed={c['embed']}, hidden={c['hidden']}")
 
-    # ------------------------------------------------------------ torch
-
     # ------------------------------------------------------------ training
 
     def forward(self, src, tgt_in):

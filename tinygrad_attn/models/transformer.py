@@ -99,8 +99,6 @@ class Transformer(TorchTwin, nn.Module):
         return (f"d_model={c['d_model']}, nhead={c['nhead']}, layers={c['num_encoder_layers']}+"
                 f"{c['num_decoder_layers']}, positions={c['positions']!r}")
 
-    # ------------------------------------------------------------ torch
-
     # ------------------------------------------------------------ pieces
 
     def _embed(self, table: nn.Embedding, ids: np.ndarray, start: int = 0, positions: Tensor | None = None
@@ -242,8 +240,9 @@ class Transformer(TorchTwin, nn.Module):
         """``ta.models.decoding``'s protocol: the state of a decode of ``src`` (B, S), with
         the key/value cache or (``use_cache=False``) re-running the prefix every step."""
         caches = [{} for _ in self.transformer.decoder.layers]
-        return _State(self.encode(src), src != PAD, caches, np.full((src.shape[0], 0), START, dtype=np.int64),
-                      use_cache, np.arange(src.shape[0]))
+        memory, mask = self.encode(src), src != PAD
+        return _State(memory, mask, Tensor(mask[:, None, None, :], device=memory.device), caches,
+                      np.full((src.shape[0], 0), START, dtype=np.int64), use_cache, np.arange(src.shape[0]))
 
     def decode_step(self, state: _State, tokens: np.ndarray, t: int):
         """One step from the previous ids (N,): (the model's log-probabilities (N, V) float64,
@@ -254,15 +253,14 @@ class Transformer(TorchTwin, nn.Module):
         key = _key(scopes.DECODER, scopes.step(t), scopes.layer(last), scopes.CROSS_ATTENTION)
         with scope(scopes.DECODER), scope(scopes.step(t)), attention_record(only=[key]) as weights:
             if state.use_cache:
-                mask = Tensor(state.memory_mask[:, None, None, :], device=state.memory.device)  # (N, 1, 1, S)
-                h = self._cached_step(tokens[:, None], t, state.memory, mask, state.caches)
+                h = self._cached_step(tokens[:, None], t, state.memory, state.step_mask, state.caches)
             else:
                 h = self.transformer.decoder(self._embed(self.tgt_embed, prefix), state.memory,
                                              memory_key_mask=state.memory_mask, causal=True)[:, -1:]
             log_probs = decoding.log_softmax(self.out(h).numpy()[:, 0])               # (N, V)
         attention = weights[key][:, :, -1].mean(axis=1)                            # (N, S)
-        return log_probs, attention, _State(state.memory, state.memory_mask, state.caches, prefix,
-                                            state.use_cache, state.source)
+        return log_probs, attention, _State(state.memory, state.memory_mask, state.step_mask, state.caches,
+                                            prefix, state.use_cache, state.source)
 
     def decode_select(self, state: _State, rows: np.ndarray) -> _State:
         def take(x):
@@ -274,9 +272,11 @@ class Transformer(TorchTwin, nn.Module):
         same = np.array_equal(source, state.source)
         caches = [{key: value if key == WEIGHTS or (same and key == MEMORY) else tuple(map(take, value))
                    for key, value in cache.items()} for cache in state.caches]
-        memory = state.memory if same else take(state.memory)
-        mask = state.memory_mask if same else state.memory_mask[rows]
-        return _State(memory, mask, caches, state.prefix[rows], state.use_cache, source)
+        if same:
+            memory, mask, step_mask = state.memory, state.memory_mask, state.step_mask
+        else:
+            memory, mask, step_mask = take(state.memory), state.memory_mask[rows], take(state.step_mask)
+        return _State(memory, mask, step_mask, caches, state.prefix[rows], state.use_cache, source)
 
     def _cached_step(self, token: np.ndarray, t: int, memory: Tensor, memory_mask: Tensor, caches: list[dict],
                      positions: Tensor | None = None) -> Tensor:
@@ -310,6 +310,7 @@ class _State:
 
     memory: Tensor
     memory_mask: np.ndarray
+    step_mask: Tensor           # memory_mask as the cached step reads it, (N, 1, 1, S) on the device
     caches: list
     prefix: np.ndarray
     use_cache: bool
