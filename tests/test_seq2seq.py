@@ -294,12 +294,30 @@ def test_constructor_and_input_errors_are_clear():
     with pytest.raises(ValueError, match="must hold at least the 4 reserved ids"):
         ta.models.Seq2Seq(3, V)
     model = ta.models.Seq2Seq(V, V, embed=4, hidden=6)
-    with pytest.raises(ta.ShapeError, match=r"src must be a non-empty integer array \(B, L\)"):
+    with pytest.raises(ta.ShapeError, match=r"^Seq2Seq: src must be an integer array \(B, L\)"):
         model(np.array([3, 4]), np.array([[1]]))
+    with pytest.raises(ta.ShapeError, match=r"^Seq2Seq: tgt_in must be a non-empty integer array \(B, L\)"):
+        model(np.array([[3, 4]]), np.zeros((1, 0), np.int64))
     with pytest.raises(ta.ShapeError, match=r"differ in batch size"):
         model(np.array([[3, 4]]), np.array([[1], [1]]))
     with pytest.raises(ta.ShapeError, match=rf"id {V + 3} is outside \[0, {V}\)"):
         model(np.array([[3, V + 3]]), np.array([[1]]))
+
+
+@pytest.mark.parametrize(("change", "error", "pattern"), [
+    (dict(embed=0), ValueError, r"embed must be >= 1, got 0$"),
+    (dict(hidden=8.0), TypeError, r"hidden must be an int, got 8.0"),
+    (dict(num_layers=0), ValueError, r"num_layers must be >= 1, got 0$"),
+    (dict(dropout=1.0), ValueError, r"dropout must be a finite number in \[0.0, 1.0\), got 1.0$"),
+    (dict(bidirectional="no"), TypeError, r"bidirectional must be True or False, got 'no' \(str\)$"),
+    (dict(attn_dim=0), ValueError, r"attn_dim must be >= 1, got 0$"),
+    (dict(attention=["dot"]), ValueError, r"attention must be one of"),
+    (dict(src_vocab=None), TypeError, r"src_vocab must be an int or a ta.data.Vocab, got None"),
+])
+def test_every_bad_constructor_argument_is_one_line_naming_seq2seq_and_it(change, error, pattern):
+    arguments = dict(src_vocab=V, tgt_vocab=V) | change
+    with pytest.raises(error, match=rf"^Seq2Seq: {pattern}"):
+        ta.models.Seq2Seq(**arguments)
 
 
 def test_repr_names_the_parts_and_counts_parameters():
@@ -318,7 +336,7 @@ def test_evaluate_scores_each_source_once_against_all_its_targets():
             self.outputs = outputs
 
         def greedy(self, src, max_len):
-            ids = np.zeros((len(src), max_len), dtype=np.int64)
+            ids = np.zeros((len(src), int(np.max(max_len))), dtype=np.int64)      # max_len: one per row
             for row, first in enumerate(src[:, 0]):
                 out = self.outputs[int(first)]
                 ids[row, : len(out) + 1] = [*out, END]

@@ -143,6 +143,147 @@ def test_bad_configurations_and_masks_say_what_is_wrong():
         ta.nn.LayerNorm(4)(ta.Tensor(np.zeros((2, 3, 5))))
 
 
+def attention_mask(rng, batch, nhead, rows, cols, per_head):
+    """A random mask in the engine's convention (True = may attend), (B, H, rows, cols) or
+    (rows, cols); every row keeps one position (a row with none is NaN in torch, zeros here)."""
+    shape = (batch, nhead, rows, cols) if per_head else (rows, cols)
+    allow = rng.random(shape) < 0.6
+    allow[..., np.arange(rows), np.arange(rows) % cols] = True
+    return allow
+
+
+def torch_mask(allow):
+    """torch's boolean attention mask (True = may NOT attend), 2-D or (B * nhead, ., .)."""
+    return torch.tensor(~allow.reshape(-1, *allow.shape[-2:]) if allow.ndim == 4 else ~allow)
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_src_tgt_and_memory_masks_match_torch_in_values_and_every_gradient(per_head, norm_first):
+    batch, nhead, d_model, src_len, tgt_len = 2, 2, 6, 5, 4
+    torch.manual_seed(1)
+    ours, theirs = twins(d_model, nhead, 2, 7, "relu", norm_first, True)
+    rng = np.random.default_rng(int(per_head) + 2 * int(norm_first))
+    src, tgt = rng.normal(size=(batch, src_len, d_model)), rng.normal(size=(batch, tgt_len, d_model))
+    src_mask = attention_mask(rng, batch, nhead, src_len, src_len, per_head)
+    tgt_mask = attention_mask(rng, batch, nhead, tgt_len, tgt_len, per_head)
+    memory_mask = attention_mask(rng, batch, nhead, tgt_len, src_len, per_head)
+    src_keep, memory_keep = padding(rng, batch, src_len), padding(rng, batch, src_len)
+
+    a, b = (ta.Tensor(x, requires_grad=True, dtype=np.float64) for x in (src, tgt))
+    y = ours(a, b, src_key_mask=src_keep, causal=False, src_mask=src_mask, tgt_mask=tgt_mask,
+             memory_mask=memory_mask, memory_key_mask=memory_keep)
+    dy = rng.normal(size=y.shape)
+    y.backward(dy)
+
+    ta_, tb = torch.tensor(src, requires_grad=True), torch.tensor(tgt, requires_grad=True)
+    ty = theirs(ta_, tb, src_mask=torch_mask(src_mask), tgt_mask=torch_mask(tgt_mask),
+                memory_mask=torch_mask(memory_mask), src_key_padding_mask=torch.tensor(~src_keep),
+                memory_key_padding_mask=torch.tensor(~memory_keep))
+    ty.backward(torch.tensor(dy))
+
+    assert relative_error(y, ty) < RTOL
+    assert relative_error(a.grad, ta_.grad) < RTOL
+    assert relative_error(b.grad, tb.grad) < RTOL
+    torch_params = dict(theirs.named_parameters())
+    for name, p in ours.named_parameters():
+        assert relative_error(p.grad, torch_params[name].grad) < RTOL, name
+
+
+def test_a_target_mask_applies_together_with_causal():
+    torch.manual_seed(2)
+    ours, theirs = twins(4, 2, 1, 5, "relu", False, True)
+    rng = np.random.default_rng(2)
+    src, tgt = rng.normal(size=(2, 3, 4)), rng.normal(size=(2, 4, 4))
+    allow = attention_mask(rng, 2, 2, 4, 4, False)
+    y = ours(ta.Tensor(src, dtype=np.float64), ta.Tensor(tgt, dtype=np.float64), tgt_mask=allow, causal=True)
+    both = ~allow | np.triu(np.ones((4, 4), bool), 1)                  # torch: True = not allowed
+    ty = theirs(torch.tensor(src), torch.tensor(tgt), tgt_mask=torch.tensor(both))
+    assert relative_error(y, ty) < RTOL
+
+
+@pytest.mark.parametrize(("encoders", "decoders"), [(0, 2), (2, 0), (0, 0)])
+def test_zero_layers_are_the_final_layer_norm_alone_in_values_and_gradients(encoders, decoders):
+    # torch builds stacks of 0 layers but its forward reads layers[0]: the reference runs the
+    # final LayerNorm by hand where a stack is empty, and torch's own stack where it is not.
+    torch.manual_seed(3)
+    theirs = torch.nn.Transformer(6, 2, encoders, decoders, 7, dropout=0.0, batch_first=True).double()
+    ours = ta.nn.Transformer(6, 2, encoders, decoders, 7, dropout=0.0)
+    for p in ours.parameters():
+        p.data = p.numpy().astype(np.float64)
+    ours.load_state_dict(theirs.state_dict())
+    rng = np.random.default_rng(encoders + 3 * decoders)
+    src, tgt = rng.normal(size=(2, 5, 6)), rng.normal(size=(2, 4, 6))
+    src_keep, tgt_keep = padding(rng, 2, 5), padding(rng, 2, 4)
+
+    a, b = (ta.Tensor(x, requires_grad=True, dtype=np.float64) for x in (src, tgt))
+    y = ours(a, b, src_key_mask=src_keep, tgt_key_mask=tgt_keep)
+    dy = rng.normal(size=y.shape)
+    y.backward(dy)
+
+    ta_, tb = torch.tensor(src, requires_grad=True), torch.tensor(tgt, requires_grad=True)
+    if encoders:
+        memory = theirs.encoder(ta_, src_key_padding_mask=torch.tensor(~src_keep))
+    else:
+        memory = theirs.encoder.norm(ta_)
+    if decoders:
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(4, dtype=torch.float64)
+        ty = theirs.decoder(tb, memory, tgt_mask=causal, tgt_is_causal=True,
+                            tgt_key_padding_mask=torch.tensor(~tgt_keep),
+                            memory_key_padding_mask=torch.tensor(~src_keep))
+    else:
+        ty = theirs.decoder.norm(tb)
+    ty.backward(torch.tensor(dy))
+
+    assert relative_error(y, ty) < RTOL
+    assert relative_error(b.grad, tb.grad) < RTOL
+    if decoders:
+        assert relative_error(a.grad, ta_.grad) < RTOL
+    else:
+        assert a.grad is None or not np.asarray(a.grad).any()        # the output does not read src
+    torch_params = dict(theirs.named_parameters())
+    for name, p in ours.named_parameters():
+        theirs_grad = torch_params[name].grad
+        if theirs_grad is None:
+            assert p.grad is None or not np.asarray(p.grad).any(), name
+        else:
+            assert relative_error(p.grad, theirs_grad) < RTOL, name
+
+
+@pytest.mark.parametrize(("build", "error", "pattern"), [
+    (lambda: ta.nn.Transformer(0, 1), ValueError, r"^Transformer: d_model must be >= 1, got 0$"),
+    (lambda: ta.nn.Transformer(8.0, 2), TypeError, r"^Transformer: d_model must be an int, got 8.0"),
+    (lambda: ta.nn.Transformer(8, 0), ValueError, r"^Transformer: nhead must be >= 1, got 0$"),
+    (lambda: ta.nn.Transformer(8, 2, -1), ValueError,
+     r"^Transformer: num_encoder_layers must be >= 0, got -1$"),
+    (lambda: ta.nn.Transformer(8, 2, 1, True), TypeError, r"^Transformer: num_decoder_layers must be an int"),
+    (lambda: ta.nn.Transformer(8, 2, dim_feedforward=0), ValueError,
+     r"^Transformer: dim_feedforward must be >= 1, got 0$"),
+    (lambda: ta.nn.Transformer(8, 2, dropout=1.0), ValueError,
+     r"^Transformer: dropout must be a finite number in \[0.0, 1.0\), got 1.0$"),
+    (lambda: ta.nn.Transformer(8, 2, dropout=-0.1), ValueError, r"^Transformer: dropout must be a finite"),
+    (lambda: ta.nn.Transformer(8, 2, activation="tanh"), ValueError,
+     r"^Transformer: activation must be 'relu' or 'gelu', got 'tanh'$"),
+    (lambda: ta.nn.Transformer(8, 2, layer_norm_eps=0.0), ValueError,
+     r"^Transformer: layer_norm_eps must be a finite number > 0.0, got 0.0$"),
+    (lambda: ta.nn.Transformer(8, 2, norm_first="yes"), TypeError,
+     r"^Transformer: norm_first must be True or False, got 'yes'"),
+    (lambda: ta.nn.Transformer(8, 2, bias=1), TypeError, r"^Transformer: bias must be True or False, got 1"),
+    (lambda: ta.nn.TransformerEncoderLayer(8, 2, dim_feedforward=-3), ValueError,
+     r"^TransformerEncoderLayer: dim_feedforward must be >= 1, got -3$"),
+    (lambda: ta.nn.TransformerDecoderLayer(8, 3), ValueError,
+     r"^TransformerDecoderLayer: nhead=3 must divide d_model=8$"),
+    (lambda: ta.nn.TransformerEncoder(ta.nn.TransformerEncoderLayer(8, 2), -1), ValueError,
+     r"^TransformerEncoder: num_layers must be >= 0, got -1$"),
+    (lambda: ta.nn.MultiHeadAttention(0, 1), ValueError,
+     r"^MultiHeadAttention: embed_dim must be >= 1, got 0$"),
+    (lambda: ta.nn.MultiHeadAttention(8, 2, kdim=0), ValueError, r"^MultiHeadAttention: kdim must be >= 1"),
+])
+def test_bad_constructor_arguments_name_the_class_and_the_argument(build, error, pattern):
+    with pytest.raises(error, match=pattern):
+        build()
+
+
 # ---------------------------------------------------------------- the parts torch defines
 
 

@@ -179,3 +179,93 @@ def test_beam_search_of_one_is_greedy_and_the_cache_changes_nothing():
     uncached = model.beam_search(src, beam=3, max_len=7, coverage_penalty=0.2, use_cache=False)
     np.testing.assert_array_equal(cached[0], uncached[0])
     np.testing.assert_allclose(cached[1], uncached[1], rtol=1e-9, atol=1e-12)
+
+
+# ---------------------------------------------------------------- constructor arguments
+
+
+@pytest.mark.parametrize(("change", "error", "pattern"), [
+    (dict(d_model=0), ValueError, r"d_model must be >= 1, got 0$"),
+    (dict(d_model=16.0), TypeError, r"d_model must be an int, got 16.0"),
+    (dict(nhead=0), ValueError, r"nhead must be >= 1, got 0$"),
+    (dict(nhead=3), ValueError, r"nhead=3 must divide d_model=16$"),
+    (dict(num_encoder_layers=-1), ValueError, r"num_encoder_layers must be >= 0, got -1$"),
+    (dict(num_decoder_layers=1.5), TypeError, r"num_decoder_layers must be an int, got 1.5"),
+    (dict(dim_feedforward=0), ValueError, r"dim_feedforward must be >= 1, got 0$"),
+    (dict(dropout=1.0), ValueError, r"dropout must be a finite number in \[0.0, 1.0\), got 1.0$"),
+    (dict(dropout="0.1"), TypeError, r"dropout must be a number, got str$"),
+    (dict(activation="swish"), ValueError, r"activation must be 'relu' or 'gelu', got 'swish'$"),
+    (dict(norm_first=None), TypeError, r"norm_first must be True or False, got None"),
+    (dict(positions="rotary"), ValueError,
+     r"positions must be one of \('sinusoidal', 'learned'\), got 'rotary'$"),
+    (dict(max_len=-1), ValueError, r"max_len must be >= 1, got -1$"),
+    (dict(max_len=0), ValueError, r"max_len must be >= 1, got 0$"),
+    (dict(max_len=12.0), TypeError, r"max_len must be an int, got 12.0"),
+    (dict(tie_embeddings="yes"), TypeError, r"tie_embeddings must be True or False, got 'yes'"),
+    (dict(src_vocab=2), ValueError, r"src_vocab must hold at least the 4 reserved ids"),
+    (dict(tgt_vocab=20.0), TypeError, r"tgt_vocab must be an int or a ta.data.Vocab, got 20.0"),
+])
+def test_every_bad_constructor_argument_is_one_line_naming_the_transformer_and_it(change, error, pattern):
+    arguments = dict(src_vocab=20, tgt_vocab=20, d_model=16, nhead=4) | change
+    with pytest.raises(error, match=rf"^Transformer: {pattern}") as caught:
+        ta.models.Transformer(**arguments)
+    assert "\n" not in str(caught.value)
+
+
+# ---------------------------------------------------------------- zero layers
+
+
+ZERO_LAYERS = [(0, 2), (2, 0), (0, 0)]
+
+
+@pytest.mark.parametrize(("encoders", "decoders"), ZERO_LAYERS)
+def test_zero_layers_train_and_record_weights(encoders, decoders):
+    model = small("float64", num_encoder_layers=encoders, num_decoder_layers=decoders)
+    src, tgt_in = batch()
+    optimizer = ta.optim.Adam(model.parameters(), lr=1e-2)
+    losses = []
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = model.loss(src, tgt_in, tgt_in)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]
+    logits, weights = model(src, tgt_in, need_weights=True)
+    assert logits.shape == (3, 5, 23)
+    expected = [f"encoder/layer{i}/self_attention" for i in range(encoders)]
+    for i in range(decoders):
+        expected += [f"decoder/layer{i}/self_attention", f"decoder/layer{i}/cross_attention"]
+    assert sorted(weights) == sorted(expected)
+    if decoders:
+        assert model.layer_attention(weights).shape == (decoders, 3, 4, 5, 6)
+    else:
+        assert model.attention_kind is None
+        with pytest.raises(ValueError, match=r"layer_attention: the decoder has 0 layers, so no cross_"):
+            model.layer_attention(weights)
+
+
+@pytest.mark.parametrize(("encoders", "decoders"), ZERO_LAYERS)
+def test_zero_layers_decode_cached_and_uncached_as_teacher_forcing_scores_them(encoders, decoders):
+    model = small("float64", num_encoder_layers=encoders, num_decoder_layers=decoders)
+    src, _ = batch()
+    cached = model.greedy(src, max_len=6, hypotheses=True)
+    uncached = model.greedy(src, max_len=6, hypotheses=True, use_cache=False)
+    assert [h.tokens for h in cached] == [h.tokens for h in uncached]
+    for row, h in enumerate(cached):
+        tgt_in = np.array([[1, *h.tokens[:-1]]])
+        with ta.no_grad():
+            logits, _ = model(src[row : row + 1], tgt_in)
+        log_probs = ta.models.decoding.log_softmax(logits.numpy())[0]
+        assert log_probs[np.arange(len(h.tokens)), h.tokens].sum() == pytest.approx(h.log_prob, rel=1e-12)
+        assert h.log_prob == pytest.approx(uncached[row].log_prob, rel=1e-12)
+        assert (h.attention is None) == (decoders == 0)
+    nbest = model.beam_search(src, beam=3, max_len=6, n_best=2, average_weights=False)
+    for h in (h for found in nbest for h in found):
+        expected = None if not decoders else (decoders, 4, len(h.tokens), 6)
+        assert (None if h.attention is None else h.attention.shape) == expected
+    ids, attention = model.beam_search(src, beam=3, max_len=6, use_cache=False)
+    assert ids.shape[0] == 3 and (attention is None) == (decoders == 0)
+    if not decoders:
+        with pytest.raises(ValueError, match="coverage_penalty needs a model with attention"):
+            model.beam_search(src, coverage_penalty=0.2)

@@ -19,6 +19,15 @@ chosen (an output holding them would not decode to its tokens), nor ``<end>`` be
 set to -inf for the choice only, and nothing is renormalised.  ``<unk>`` may be produced.
 Ids follow ``ta.data``: 0 ``<pad>``, 1 ``<start>``, 2 ``<end>``.
 
+How long a decode runs is each row's own business, so a source decodes the same alone and in
+any batch: ``max_len`` is an int or one int per row, and a model may cap it with
+``max_tgt_len`` (the Transformer's position table; None: no cap), so a row stops after
+min(its max_len, max_tgt_len) tokens.  A model's ``max_src_len`` (None: no limit) refuses a
+longer source before any work.  An empty source, a row of only padding (or a src of width 0),
+decodes like any other: the encoder has nothing to read, attention gives every column weight 0
+and a zero context, and the decoder produces what it produces from nothing, the same output for
+every empty source.
+
 Beam search scores a finished hypothesis Y of a source X as Wu et al. (2016) do,
 
     score = log P(Y | X) / ((5 + |Y|) / 6) ** length_penalty
@@ -31,6 +40,7 @@ source's ``n_best`` best finished ones (``_bound`` says why the bound is safe).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol
@@ -43,9 +53,12 @@ from ..arguments import check_int, check_number
 from ..autograd import ShapeError, no_grad
 from ..compiler import reference
 
-__all__ = ["Decodable", "Hypothesis", "greedy", "sample", "beam_search", "log_softmax"]
+__all__ = ["Decodable", "Hypothesis", "greedy", "sample", "beam_search", "log_softmax", "default_max_len",
+           "check_source_lengths"]
 
 PAD, START, END = data.PAD, data.START, data.END
+
+MaxLen = int | Sequence[int] | np.ndarray      # one limit for every row, or one per row
 
 
 class Decodable(Protocol):
@@ -57,6 +70,9 @@ class Decodable(Protocol):
 
     def decode_select(self, state, rows: np.ndarray): ...
 
+    # Optional: how long a source and an output may be (None, or absent: no limit).
+    #     max_src_len: int | None       max_tgt_len: int | None
+
 
 @dataclass
 class Hypothesis:
@@ -64,7 +80,7 @@ class Hypothesis:
 
     Attributes:
         tokens: the produced ids, ``<end>`` included when the output has one (an output that
-            reached ``max_len`` has none).
+            reached its limit has none).
         score: what beam search ranks by, Wu et al.'s length-normalised log-probability plus
             the coverage term (see the module docstring); greedy decoding and sampling do not
             rank, and report ``log_prob``.
@@ -92,29 +108,35 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- greedy and sampling
 
 
-def greedy(model: Decodable, src, max_len: int = 50, min_length: int = 0, no_repeat_ngram_size: int = 0,
+def greedy(model: Decodable, src, max_len: MaxLen = 50, min_length: int = 0, no_repeat_ngram_size: int = 0,
            hypotheses: bool = False, **options):
     """The most likely allowed token at every step, for every row of ``src`` at once; a batch
-    stops once every row has produced ``<end>``.
+    stops once every row has produced ``<end>`` or reached its limit.
+
+    Args:
+        max_len: the most tokens a row produces (``<end>`` included): an int, or one int per
+            row (B,); capped by the model's ``max_tgt_len`` (the Transformer's position table),
+            so a row's limit is min(max_len, max_tgt_len).
 
     Returns:
         (ids (B, L) int64: each row up to and including ``<end>``, then 0 (a row that
-        reached ``max_len`` has no ``<end>``); attention (B, L, S) float numpy, zeros after
+        reached its limit has no ``<end>``); attention (B, L, S) float numpy, zeros after
         ``<end>``, or None for a model without attention); with ``hypotheses``, one
         ``Hypothesis`` per source instead.
     """
-    src = _source(src, "greedy")
-    _check_lengths("greedy", max_len, min_length, no_repeat_ngram_size)
+    src = _source(model, src, "greedy")
+    limits = _limits(model, "greedy", src, max_len, min_length, no_repeat_ngram_size)
     with inference(model):
-        return _one_path(model, src, max_len, _argmax, min_length, no_repeat_ngram_size, hypotheses, options)
+        return _one_path(model, src, limits, _argmax, min_length, no_repeat_ngram_size, hypotheses, options)
 
 
-def sample(model: Decodable, src, max_len: int = 50, temperature: float = 1.0, top_k: int = 0,
+def sample(model: Decodable, src, max_len: MaxLen = 50, temperature: float = 1.0, top_k: int = 0,
            top_p: float = 1.0, seed=None, min_length: int = 0, no_repeat_ngram_size: int = 0,
            hypotheses: bool = False, **options):
     """Draw each output token from the model's distribution, for every row of ``src`` at once.
 
     Args:
+        max_len: as ``greedy``'s (an int or one per row, capped by ``max_tgt_len``).
         temperature: divides the log-probabilities before the draw (< 1 sharpens, > 1 flattens).
         top_k: draw among the k most likely allowed tokens only (0: all).
         top_p: nucleus sampling (Holtzman et al. 2020): draw among the fewest most likely
@@ -127,8 +149,8 @@ def sample(model: Decodable, src, max_len: int = 50, temperature: float = 1.0, t
         as ``greedy``.  A ``Hypothesis``' ``log_prob`` is the model's, not the tempered or
         truncated distribution's the tokens were drawn from.
     """
-    src = _source(src, "sample")
-    _check_lengths("sample", max_len, min_length, no_repeat_ngram_size)
+    src = _source(model, src, "sample")
+    limits = _limits(model, "sample", src, max_len, min_length, no_repeat_ngram_size)
     check_number(temperature, "temperature", "sample", low=0.0, low_open=True)
     check_int(top_k, "top_k", "sample", 0)
     check_number(top_p, "top_p", "sample", low=0.0, high=1.0, low_open=True)
@@ -143,7 +165,7 @@ def sample(model: Decodable, src, max_len: int = 50, temperature: float = 1.0, t
         return _draw(allowed, temperature, top_k, top_p, rng)
 
     with inference(model):
-        return _one_path(model, src, max_len, draw, min_length, no_repeat_ngram_size, hypotheses, options)
+        return _one_path(model, src, limits, draw, min_length, no_repeat_ngram_size, hypotheses, options)
 
 
 def _argmax(allowed: np.ndarray) -> np.ndarray:
@@ -173,8 +195,9 @@ def _draw(allowed: np.ndarray, temperature: float, top_k: int, top_p: float,
     return (cumulative > u).argmax(axis=1)
 
 
-def _one_path(model, src, max_len, choose, min_length, ngram, hypotheses, options):
-    """Greedy decoding or sampling: one output per source, ``choose`` picking each token."""
+def _one_path(model, src, limits, choose, min_length, ngram, hypotheses, options):
+    """Greedy decoding or sampling: one output per source, ``choose`` picking each token, row
+    b producing at most ``limits[b]`` tokens."""
     batch = src.shape[0]
     state = model.decode_start(src, **options)
     y = np.full(batch, START, dtype=np.int64)
@@ -182,11 +205,12 @@ def _one_path(model, src, max_len, choose, min_length, ngram, hypotheses, option
     log_prob = np.zeros(batch)
     produced = np.zeros((batch, 0), dtype=np.int64)
     ids, weights = [], []
-    for t in range(max_len):
+    for t in range(int(limits.max(initial=1))):
         log_probs, attention, state = model.decode_step(state, y, t)
         allowed = _allowed(log_probs, produced, t, min_length, ngram)
-        # A row that min_length and the n-gram rule leave nothing to produce ends here.
-        done |= ~np.isfinite(allowed).any(axis=1)
+        # A row at its limit, or that min_length and the n-gram rule leave nothing to produce,
+        # ends here.
+        done |= (t >= limits) | ~np.isfinite(allowed).any(axis=1)
         allowed[done] = 0.0                  # any finite row: what is chosen for it is dropped
         y = np.where(done, PAD, choose(allowed)).astype(np.int64)
         log_prob += np.where(done, 0.0, log_probs[np.arange(batch), y])
@@ -195,7 +219,7 @@ def _one_path(model, src, max_len, choose, min_length, ngram, hypotheses, option
         if attention is not None:
             weights.append(np.where(done[:, None], 0.0, attention))
         done |= y == END
-        if done.all():
+        if (done | (t + 1 >= limits)).all():
             break
     ids = np.stack(ids, axis=1)                                                     # (B, L)
     weights = np.stack(weights, axis=1) if weights else None                        # (B, L, S)
@@ -222,7 +246,7 @@ def _output_length(row: np.ndarray) -> int:
 # ---------------------------------------------------------------- beam search
 
 
-def beam_search(model: Decodable, src, beam: int = 5, max_len: int = 50, length_penalty: float = 1.0,
+def beam_search(model: Decodable, src, beam: int = 5, max_len: MaxLen = 50, length_penalty: float = 1.0,
                 coverage_penalty: float = 0.0, min_length: int = 0, no_repeat_ngram_size: int = 0,
                 n_best: int | None = None, **options):
     """Batched beam search: every live hypothesis of every source is a row of one batch per
@@ -230,7 +254,7 @@ def beam_search(model: Decodable, src, beam: int = 5, max_len: int = 50, length_
 
     Each step extends every live hypothesis of a source by every allowed token and looks at
     the ``2 * beam`` most likely extensions (by log-probability): one that ends (``<end>``, or
-    any token at ``max_len``) is set aside as finished if it ranks among the ``beam`` best
+    any token at the source's limit) is set aside as finished if it ranks among the ``beam`` best
     (as fairseq does, so a beam of one is greedy decoding when ``length_penalty`` is 0), the
     others refill the beam.  A hypothesis that ``min_length`` and ``no_repeat_ngram_size``
     leave no token to produce ends as it is.  Finished hypotheses are ranked by Wu et al.'s
@@ -239,7 +263,8 @@ def beam_search(model: Decodable, src, beam: int = 5, max_len: int = 50, length_
 
     Args:
         beam: hypotheses kept per source.  max_len: tokens produced at most (``<end>``
-            included).  length_penalty: Wu et al.'s alpha (0: rank by log-probability).
+            included), an int or one per source, capped by the model's ``max_tgt_len``
+            (as ``greedy``'s).  length_penalty: Wu et al.'s alpha (0: rank by log-probability).
         coverage_penalty: Wu et al.'s beta (>= 0), needs a model with attention.
         min_length: the fewest tokens before ``<end>``.
         no_repeat_ngram_size: n > 0 forbids producing any n-gram twice in one output.
@@ -250,9 +275,9 @@ def beam_search(model: Decodable, src, beam: int = 5, max_len: int = 50, length_
         out as ``greedy``'s; with ``n_best``, per source a list of ``Hypothesis``, best first
         (fewer than ``n_best`` only when the search space holds fewer).
     """
-    src = _source(src, "beam_search")
+    src = _source(model, src, "beam_search")
     check_int(beam, "beam", "beam_search", 1)
-    _check_lengths("beam_search", max_len, min_length, no_repeat_ngram_size)
+    limits = _limits(model, "beam_search", src, max_len, min_length, no_repeat_ngram_size)
     check_number(length_penalty, "length_penalty", "beam_search")
     check_number(coverage_penalty, "coverage_penalty", "beam_search", low=0.0)
     if n_best is not None:
@@ -261,8 +286,8 @@ def beam_search(model: Decodable, src, beam: int = 5, max_len: int = 50, length_
             raise ValueError(f"beam_search: n_best must be at most beam, got n_best={n_best} > beam={beam}")
     with inference(model):
         if src.shape[0] == 0:             # no sources: the empty result greedy gives
-            return [] if n_best is not None else _one_path(model, src, 1, _argmax, 0, 0, False, options)
-        found = _Beam(model, src, beam, max_len, length_penalty, coverage_penalty, min_length,
+            return [] if n_best is not None else _one_path(model, src, limits, _argmax, 0, 0, False, options)
+        found = _Beam(model, src, beam, limits, length_penalty, coverage_penalty, min_length,
                       no_repeat_ngram_size, n_best or 1).run(options)
     if n_best is not None:
         return found
@@ -284,7 +309,7 @@ def coverage_of(coverage: np.ndarray, real: np.ndarray, beta: float) -> np.ndarr
     return beta * np.where(real, terms, 0.0).sum(axis=1)
 
 
-def _bound(log_prob: np.ndarray, length: int, max_len: int, alpha: float) -> np.ndarray:
+def _bound(log_prob: np.ndarray, length: int, max_len, alpha: float) -> np.ndarray:
     """The best score any completion of live hypotheses holding ``length`` tokens and
     log-probability ``log_prob`` could reach.
 
@@ -295,9 +320,9 @@ def _bound(log_prob: np.ndarray, length: int, max_len: int, alpha: float) -> np.
     ``BeamHypotheses.is_done`` does since transformers PR 20901) and shrinks for alpha < 0.
     The coverage term is <= 0 and a completion's coverage sums only grow as it lengthens, so
     its term only rises, towards 0: the bound adds 0, its supremum (a later token can still
-    cover every source token).
+    cover every source token).  ``max_len`` may be one limit per hypothesis (its source's).
     """
-    lp = max(length_penalty_of(length + 1, alpha), length_penalty_of(max_len, alpha))
+    lp = np.maximum(length_penalty_of(length + 1, alpha), length_penalty_of(max_len, alpha))
     return log_prob / lp
 
 
@@ -306,8 +331,8 @@ class _Beam:
     source order, so that each source's candidates are one row of a (sources, beam * V)
     table."""
 
-    def __init__(self, model, src, beam, max_len, alpha, beta, min_length, ngram, keep):
-        self.model, self.src, self.beam, self.max_len = model, src, beam, max_len
+    def __init__(self, model, src, beam, limits, alpha, beta, min_length, ngram, keep):
+        self.model, self.src, self.beam, self.limits = model, src, beam, limits       # limits: (B,)
         self.alpha, self.beta, self.min_length, self.ngram, self.keep = alpha, beta, min_length, ngram, keep
         self.real = src != PAD                                                        # (B, S)
         batch = src.shape[0]
@@ -324,7 +349,7 @@ class _Beam:
         tokens = np.zeros((batch, 0), dtype=np.int64)                # (N, t)
         log_prob = np.zeros(batch)                                   # (N,)
         coverage = np.zeros(self.src.shape)                          # (N, S) attention summed
-        for t in range(self.max_len):
+        for t in range(int(self.limits.max())):
             last = tokens[:, -1] if t else np.full(len(owner), START, dtype=np.int64)
             log_probs, attention, state = model.decode_step(state, last, t)
             if attention is None and self.beta:
@@ -339,8 +364,9 @@ class _Beam:
             # Exact stopping: a source is done once its keep-th best finished hypothesis is at
             # least as good as the best any of its live hypotheses could become.
             best = np.full(batch, -np.inf)
-            if t + 1 < self.max_len:
-                np.maximum.at(best, new_owner, _bound(totals, t + 1, self.max_len, self.alpha))
+            limit = self.limits[new_owner]
+            more = t + 1 < limit                        # may still grow: not at its source's limit
+            np.maximum.at(best, new_owner[more], _bound(totals[more], t + 1, limit[more], self.alpha))
             live = best[new_owner] > self.worst_kept[new_owner]
             rows, words, totals, new_owner = rows[live], words[live], totals[live], new_owner[live]
             if not len(rows):
@@ -366,7 +392,7 @@ class _Beam:
         totals = np.take_along_axis(flat, top, axis=1)
         rows, words = first[:, None] + top // vocab, top % vocab
         valid = totals > -np.inf
-        ends = valid & ((words == END) | (t == self.max_len - 1))
+        ends = valid & ((words == END) | (t >= self.limits[owner[rows]] - 1))
         rank = np.arange(top.shape[1])
         finish = ends & (rank < self.beam)        # an ending outside the beam's best is dropped
         extend = valid & ~ends
@@ -480,18 +506,69 @@ def inference(model):
             model.train(was_training)
 
 
-def _source(src, where: str) -> np.ndarray:
+def default_max_len(source_len):
+    """How many tokens a decode may produce for a source of ``source_len`` tokens when the
+    caller does not say (``translate_tokens``, ``evaluate``): enough for outputs up to twice
+    the source's length, plus 10.  An int, or an array of lengths -> one limit per row."""
+    return 2 * source_len + 10
+
+
+def check_source_lengths(model, lengths, where: str) -> None:
+    """Refuse, before any work, a source longer than the model can encode (its
+    ``max_src_len``, the Transformer's position table; None or absent: no limit): a
+    ShapeError naming ``where``, the source (its index in ``lengths``), its length and the
+    limit."""
+    limit = getattr(model, "max_src_len", None)
+    if limit is None or not len(lengths):
+        return
+    row = int(np.argmax(lengths))
+    if lengths[row] > limit:
+        raise ShapeError(f"{where}: source {row} has {int(lengths[row])} tokens, longer than the "
+                         f"{type(model).__name__}'s position table (max_len={limit})")
+
+
+def _source(model, src, where: str) -> np.ndarray:
+    """``src`` as int64 (B, S), checked against the model's ``max_src_len``.  Width 0 is a
+    batch of empty sources."""
     array = src.numpy() if hasattr(src, "numpy") and not isinstance(src, np.ndarray) else np.asarray(src)
     if array.ndim != 2 or array.dtype.kind not in "iu":
         raise ShapeError(f"{where}: src must be an integer array (B, S) of token ids, got {array.dtype} "
                          f"of shape {array.shape}")
+    # A row's length runs to its last real token (the columns a model must encode for it).
+    real = np.concatenate([np.ones((array.shape[0], 1), dtype=bool), array != PAD], axis=1)
+    lengths = array.shape[1] - np.argmax(real[:, ::-1], axis=1)                       # (B,)
+    check_source_lengths(model, lengths, where)
+    limit = getattr(model, "max_src_len", None)
+    if limit is not None and array.shape[1] > limit:
+        raise ShapeError(f"{where}: src is {array.shape[1]} tokens wide, wider than the "
+                         f"{type(model).__name__}'s position table (max_len={limit}); its longest source "
+                         f"has {int(lengths.max(initial=0))} tokens: cut the padding columns")
     return array.astype(np.int64, copy=False)
 
 
-def _check_lengths(where: str, max_len, min_length, ngram) -> None:
-    check_int(max_len, "max_len", where, 1)
+def _limits(model, where: str, src: np.ndarray, max_len, min_length, ngram) -> np.ndarray:
+    """Each row's decode limit (B,): ``max_len`` (an int, or one per row) capped by the
+    model's ``max_tgt_len``; the other length options checked on the way."""
+    batch = src.shape[0]
+    if np.ndim(max_len) == 0:
+        asked = np.full(batch, check_int(max_len, "max_len", where, 1), dtype=np.int64)
+    else:
+        asked = np.asarray(max_len)
+        if asked.shape != (batch,):
+            raise ValueError(f"{where}: max_len must be an int or one int per row ({batch}), got shape "
+                             f"{asked.shape}")
+        if asked.dtype.kind not in "iu":
+            raise TypeError(f"{where}: max_len must be an int or one int per row, got {asked.dtype}")
+        if batch and asked.min() < 1:
+            row = int(np.argmin(asked))
+            raise ValueError(f"{where}: max_len must be >= 1, got {asked[row]} (row {row})")
+        asked = asked.astype(np.int64)
     check_int(min_length, "min_length", where, 0)
     check_int(ngram, "no_repeat_ngram_size", where, 0)
-    if min_length > max_len:
+    if batch and min_length > asked.min():
+        row = int(np.argmin(asked))
+        name = "max_len" if np.ndim(max_len) == 0 else f"max_len[{row}]"
         raise ValueError(f"{where}: min_length must be at most max_len, got min_length={min_length} > "
-                         f"max_len={max_len}")
+                         f"{name}={asked[row]}")
+    cap = getattr(model, "max_tgt_len", None)
+    return asked if cap is None else np.minimum(asked, cap)

@@ -14,18 +14,13 @@ import numpy as np
 from .. import data, metrics
 from ..autograd import no_grad
 from ..functional import cross_entropy
+from .decoding import check_source_lengths, default_max_len
 from .seq2seq import Seq2Seq
 from .transformer import Transformer
 
 Model = Seq2Seq | Transformer          # what decodes, evaluates, trains and checkpoints
 
-__all__ = ["evaluate", "decode", "translate", "translate_tokens", "validation_loss"]
-
-
-def default_max_len(source_len: int) -> int:
-    """How many tokens a decode may produce for a source of ``source_len`` tokens, when the
-    caller does not say: enough for outputs up to twice the source's length."""
-    return 2 * source_len + 10
+__all__ = ["evaluate", "decode", "translate", "translate_tokens", "validation_loss", "default_max_len"]
 
 
 def translate_tokens(model: Model, sources: Sequence, src_vocab: data.Vocab, tgt_vocab: data.Vocab,
@@ -37,26 +32,43 @@ def translate_tokens(model: Model, sources: Sequence, src_vocab: data.Vocab, tgt
     pairs, best first, each hypothesis' attention cut the same way.
 
     Sources are decoded ``batch_size`` at a time, sorted by length so a batch pads little;
-    greedy decoding stops a batch once every row has produced ``<end>``.
+    greedy decoding stops a batch once every row has produced ``<end>`` or reached its limit.
+    Every limit is the source's own, so a source decodes the same in any batch.
+
+    A source longer than the model can encode (its ``max_src_len``: the Transformer's
+    position table) is refused before any source is decoded.  An empty source decodes like
+    any other, as a row of only padding (``ta.models.decoding``): the same output for every
+    empty source, with an attention of 0 columns.
 
     Args:
-        sources: token lists.  max_len: tokens to produce at most (default: twice the
-            longest source in the batch, plus 10).  beam: beam width (None: greedy).
+        sources: token lists.  max_len: tokens to produce at most, ``<end>`` included
+            (default: each source's own ``default_max_len``, twice its length plus 10);
+            either is capped by the model's ``max_tgt_len`` (the Transformer's position
+            table).  beam: beam width (None: greedy).
         n_best: the hypotheses to return per source (needs ``beam`` >= ``n_best``).
         length_penalty: Wu et al.'s alpha for beam search.
     """
+    return _translate(model, sources, src_vocab, tgt_vocab, max_len, beam, batch_size, n_best, length_penalty,
+                      "translate_tokens")
+
+
+def _translate(model, sources, src_vocab, tgt_vocab, max_len, beam, batch_size, n_best, length_penalty,
+               where: str) -> list:
+    """``translate_tokens``, its errors naming ``where`` (the public function called)."""
     if batch_size < 1:
-        raise ValueError(f"translate_tokens: batch_size must be >= 1, got {batch_size}")
+        raise ValueError(f"{where}: batch_size must be >= 1, got {batch_size}")
     if n_best is not None and (beam is None or n_best > beam):
-        raise ValueError(f"translate_tokens: n_best={n_best} needs a beam of at least {n_best}, "
-                         f"got beam={beam}")
-    order = sorted(range(len(sources)), key=lambda index: len(sources[index]))
+        raise ValueError(f"{where}: n_best={n_best} needs a beam of at least {n_best}, got beam={beam}")
+    lengths = [len(source) for source in sources]
+    check_source_lengths(model, lengths, where)
+    order = sorted(range(len(sources)), key=lambda index: lengths[index])
     results: list = [None] * len(sources)
     for begin in range(0, len(order), batch_size):
         chunk = order[begin : begin + batch_size]
         chunk_sources = [sources[index] for index in chunk]
         src = data.encode_batch(chunk_sources, src_vocab)                            # (B, S)
-        limit = max_len if max_len is not None else default_max_len(src.shape[1])
+        # Each row's own limit: a row's output never depends on the others in its batch.
+        limit = max_len if max_len is not None else default_max_len(np.array([lengths[i] for i in chunk]))
         if n_best is not None:
             found = model.beam_search(src, beam=beam, max_len=limit, length_penalty=length_penalty,
                                       n_best=n_best)
@@ -82,9 +94,13 @@ def decode(model: Model, sources: Sequence, src_vocab: data.Vocab, tgt_vocab: da
            max_len: int | None = None, beam: int | None = None, batch_size: int = 256,
            length_penalty: float = 1.0) -> list[list[str]]:
     """The output tokens for each source (``translate_tokens`` without the attention)."""
-    return [tokens for tokens, _ in translate_tokens(model, sources, src_vocab, tgt_vocab, max_len=max_len,
-                                                     beam=beam, batch_size=batch_size,
-                                                     length_penalty=length_penalty)]
+    return _decode(model, sources, src_vocab, tgt_vocab, max_len, beam, batch_size, length_penalty, "decode")
+
+
+def _decode(model, sources, src_vocab, tgt_vocab, max_len, beam, batch_size, length_penalty, where: str):
+    found = _translate(model, sources, src_vocab, tgt_vocab, max_len, beam, batch_size, None, length_penalty,
+                       where)
+    return [tokens for tokens, _ in found]
 
 
 def evaluate(model: Model, pairs: Sequence, src_vocab: data.Vocab, tgt_vocab: data.Vocab,
@@ -95,7 +111,10 @@ def evaluate(model: Model, pairs: Sequence, src_vocab: data.Vocab, tgt_vocab: da
     ``ta.metrics.score``.
 
     A source that occurs in several pairs (a word with two pronunciations) is decoded once and
-    scored against all its targets: it is right if it matches any of them.
+    scored against all its targets: it is right if it matches any of them.  Decoding is
+    ``translate_tokens``': each source's own limit (so the scores do not depend on
+    ``batch_size``), a source too long for the model refused before any decoding, an empty
+    source decoded like any other.
 
     Returns:
         ``{"n": distinct sources, "exact_match", "token_error_rate", "bleu", "chrf"}``, plus
@@ -104,16 +123,39 @@ def evaluate(model: Model, pairs: Sequence, src_vocab: data.Vocab, tgt_vocab: da
     """
     if not pairs:
         raise ValueError("evaluate: no pairs to evaluate")
-    grouped = data.references(pairs)
+    grouped = _references(pairs)
     sources = [source for source, _ in grouped]
-    outputs = decode(model, sources, src_vocab, tgt_vocab, max_len=max_len, beam=beam,
-                     batch_size=batch_size, length_penalty=length_penalty)
+    outputs = _decode(model, sources, src_vocab, tgt_vocab, max_len, beam, batch_size, length_penalty,
+                      "evaluate")
     refs = [targets if len(targets) > 1 else targets[0] for _, targets in grouped]
     scores = metrics.score(outputs, refs)
     if not return_outputs:
         return scores
     rows = [(source, output, targets) for (source, targets), output in zip(grouped, outputs, strict=True)]
     return scores, rows
+
+
+def _references(pairs: Sequence) -> list:
+    """``ta.data.references`` (each distinct source once, with its targets), an empty source
+    included: a data set refuses one, decoding does not (``translate_tokens``)."""
+    empty = {index for index, pair in enumerate(pairs) if _has_empty_source(pair)}
+    if not empty:
+        return data.references(pairs)
+    # data.references checks and groups the other pairs; the empty sources join as one more
+    # source, where the first of them occurs (references keeps the order of first occurrence).
+    rest = data.references([pair for index, pair in enumerate(pairs) if index not in empty])
+    targets: list = []
+    for index in sorted(empty):
+        target = list(pairs[index][1])
+        if target not in targets:
+            targets.append(target)
+    before = len({tuple(pairs[index][0]) for index in range(min(empty))})
+    return [*rest[:before], ([], targets), *rest[before:]]
+
+
+def _has_empty_source(pair) -> bool:
+    return (isinstance(pair, Sequence) and not isinstance(pair, str) and len(pair) == 2
+            and isinstance(pair[0], Sequence) and not isinstance(pair[0], str) and len(pair[0]) == 0)
 
 
 def validation_loss(model: Model, pairs: Sequence, src_vocab: data.Vocab, tgt_vocab: data.Vocab,
@@ -139,10 +181,10 @@ def validation_loss(model: Model, pairs: Sequence, src_vocab: data.Vocab, tgt_vo
 def translate(model: Model, text: str, task_like, max_len: int | None = None, beam: int | None = None):
     """Translate one string: returns (output text, source tokens, output tokens, attention
     (output tokens + <end>, source tokens) or None).  ``task_like`` gives ``tokenize``,
-    ``detokenize`` and the vocabularies (a Task or a Checkpoint)."""
+    ``detokenize`` and the vocabularies (a Task or a Checkpoint).  As ``translate_tokens``: a
+    text too long for the model is refused before decoding, and a text with no tokens decodes
+    as an empty source."""
     source = task_like.tokenize(text)
-    if not source:
-        raise ValueError("translate: the input has no tokens")
-    [(tokens, attention)] = translate_tokens(model, [source], task_like.src_vocab, task_like.tgt_vocab,
-                                             max_len=max_len, beam=beam)
+    [(tokens, attention)] = _translate(model, [source], task_like.src_vocab, task_like.tgt_vocab, max_len,
+                                       beam, 256, None, 1.0, "translate")
     return task_like.detokenize(tokens), source, tokens, attention

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import nn, scopes
+from ..arguments import check_flag, check_int, check_number
 from ..autograd import ShapeError, scope
 from ..functional import cross_entropy
 from ..tensor import Tensor, cat
@@ -89,12 +90,20 @@ class Seq2Seq(TorchTwin, nn.Module):
                  attention: str | None = "additive", style: str = "bahdanau", num_layers: int = 1,
                  dropout: float = 0.0, bidirectional: bool = False, attn_dim: int | None = None):
         super().__init__()
-        src_size, tgt_size = _size(src_vocab, "src_vocab"), _size(tgt_vocab, "tgt_vocab")
-        if cell not in CELLS:
+        where = "Seq2Seq"
+        src_size, tgt_size = _size(src_vocab, "src_vocab", where), _size(tgt_vocab, "tgt_vocab", where)
+        check_int(embed, "embed", where, 1)
+        check_int(hidden, "hidden", where, 1)
+        check_int(num_layers, "num_layers", where, 1)
+        check_number(dropout, "dropout", where, low=0.0, high=1.0, high_open=True)
+        check_flag(bidirectional, "bidirectional", where)
+        if attn_dim is not None:
+            check_int(attn_dim, "attn_dim", where, 1)
+        if not isinstance(cell, str) or cell not in CELLS:
             raise ValueError(f"Seq2Seq: cell must be one of {sorted(CELLS)}, got {cell!r}")
-        if attention not in ATTENTIONS:
+        if attention is not None and (not isinstance(attention, str) or attention not in ATTENTIONS):
             raise ValueError(f"Seq2Seq: attention must be one of {list(ATTENTIONS)}, got {attention!r}")
-        if style not in STYLES:
+        if not isinstance(style, str) or style not in STYLES:
             raise ValueError(f"Seq2Seq: style must be one of {list(STYLES)}, got {style!r}")
         key_size = hidden * (2 if bidirectional else 1)
         if attention == "dot" and key_size != hidden:
@@ -138,6 +147,10 @@ class Seq2Seq(TorchTwin, nn.Module):
             readout = hidden
         self.out = nn.Linear(readout, tgt_size)
 
+    # An RNN reads a source of any length, and decodes as long as asked (``ta.models.decoding``).
+    max_src_len = None
+    max_tgt_len = None
+
     def extra_repr(self) -> str:
         c = self.config
         return (f"cell={c['cell']!r}, attention={c['attention']!r}, style={c['style']!r}, "
@@ -155,8 +168,8 @@ class Seq2Seq(TorchTwin, nn.Module):
         Returns:
             (logits (B, T, V), weights (B, T, S) or None without attention), Tensors.
         """
-        src = _ids(src, "src")
-        tgt_in = _ids(tgt_in, "tgt_in")
+        src = _ids(src, "src", "Seq2Seq", empty=True)
+        tgt_in = _ids(tgt_in, "tgt_in", "Seq2Seq")
         if tgt_in.shape[0] != src.shape[0]:
             raise ShapeError(f"Seq2Seq: src {src.shape} and tgt_in {tgt_in.shape} differ in batch size")
         memory = self.encode(src)
@@ -181,7 +194,7 @@ class Seq2Seq(TorchTwin, nn.Module):
         """Mean cross-entropy of the teacher-forced logits against ``tgt_out`` (the target
         then ``<end>``), ignoring padding."""
         logits, _ = self(src, tgt_in)
-        return cross_entropy(logits, _ids(tgt_out, "tgt_out"), ignore_index=PAD)
+        return cross_entropy(logits, _ids(tgt_out, "tgt_out", "Seq2Seq"), ignore_index=PAD)
 
     def _luong_teacher_forced(self, tgt_in: np.ndarray, memory: Memory):
         with scope(scopes.DECODER):
@@ -203,9 +216,16 @@ class Seq2Seq(TorchTwin, nn.Module):
         """Run the encoder over ``src`` (B, S) and prepare what every decoder step reads.
 
         Every step works on (B, 1, features): one query per row in the layout of many
-        queries, so attention needs no reshapes and the steps join with one ``cat``.
+        queries, so attention needs no reshapes and the steps join with one ``cat``.  A
+        source of width 0 is a batch of empty sources: what a row of only padding gives (the
+        initial states), with keys of width 0.
         """
-        src = _ids(src, "src")
+        src = _ids(src, "src", "Seq2Seq", empty=True)
+        if src.shape[1] == 0:
+            # The RNN needs a step to run: one padding column leaves every state where it began.
+            memory = self.encode(np.zeros((src.shape[0], 1), dtype=np.int64))
+            keys, keys_proj = (None if x is None else x[:, :0] for x in (memory.keys, memory.keys_proj))
+            return Memory(keys, keys_proj, memory.mask[:, :0], memory.key_mask[:, :, :0], memory.states)
         mask = src != PAD
         with scope(scopes.ENCODER):
             inputs = []
@@ -300,7 +320,7 @@ class Seq2Seq(TorchTwin, nn.Module):
         memory = state.memory if np.array_equal(source, state.source) else _memory_rows(state.memory, rows)
         return _Decoding(memory, [_select(s, rows) for s in state.states], source)
 
-    def greedy(self, src, max_len: int = 50, min_length: int = 0, no_repeat_ngram_size: int = 0,
+    def greedy(self, src, max_len: decoding.MaxLen = 50, min_length: int = 0, no_repeat_ngram_size: int = 0,
                hypotheses: bool = False):
         """Decode by taking the most likely token at every step.
 
@@ -316,26 +336,34 @@ class Seq2Seq(TorchTwin, nn.Module):
             attention of each produced token, zeros after ``<end>``, or None without
             attention).  ``<pad>`` and ``<start>`` are never produced.
 
-        A row of ``src`` that is all padding has no source: the encoder leaves its state at
-        zero, attention gives every position weight 0 and a zero context (as for any fully
-        masked row), and the decoder produces what it would with nothing to read, the same
-        output for every such row.
-        """
-        return decoding.greedy(self, _ids(src, "src"), max_len, min_length, no_repeat_ngram_size, hypotheses)
+        ``max_len`` may be one int per row: each row stops at its own limit, so a source
+        decodes the same alone and in any batch.
 
-    def sample(self, src, max_len: int = 50, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-               seed=None, min_length: int = 0, no_repeat_ngram_size: int = 0, hypotheses: bool = False):
-        """Draw every output token from the model's distribution (``ta.models.decoding.sample``:
-        temperature, top-k, top-p, a seed); returns what ``greedy`` returns."""
-        return decoding.sample(self, _ids(src, "src"), max_len, temperature, top_k, top_p, seed, min_length,
+        A row of ``src`` that is all padding (or a ``src`` of width 0) is an empty source: the
+        encoder leaves its state at zero, attention gives every position weight 0 and a zero
+        context (as for any fully masked row), and the decoder produces what it would with
+        nothing to read, the same output for every such row.
+        """
+        return decoding.greedy(self, _ids(src, "src", "Seq2Seq", empty=True), max_len, min_length,
                                no_repeat_ngram_size, hypotheses)
 
-    def beam_search(self, src, beam: int = 5, max_len: int = 50, length_penalty: float = 1.0,
+    def sample(self, src, max_len: decoding.MaxLen = 50, temperature: float = 1.0, top_k: int = 0,
+               top_p: float = 1.0, seed=None, min_length: int = 0, no_repeat_ngram_size: int = 0,
+               hypotheses: bool = False):
+        """Draw every output token from the model's distribution (``ta.models.decoding.sample``:
+        temperature, top-k, top-p, a seed); ``max_len`` and sources as ``greedy``'s; returns
+        what ``greedy`` returns."""
+        src = _ids(src, "src", "Seq2Seq", empty=True)
+        return decoding.sample(self, src, max_len, temperature, top_k, top_p, seed, min_length,
+                               no_repeat_ngram_size, hypotheses)
+
+    def beam_search(self, src, beam: int = 5, max_len: decoding.MaxLen = 50, length_penalty: float = 1.0,
                     coverage_penalty: float = 0.0, min_length: int = 0, no_repeat_ngram_size: int = 0,
                     n_best: int | None = None):
         """Batched beam search (``ta.models.decoding.beam_search``): Wu et al. (2016)'s length
         and coverage penalties, exact stopping; a beam of one is greedy decoding (with
-        ``length_penalty=0``).  ``coverage_penalty`` needs attention.
+        ``length_penalty=0``).  ``coverage_penalty`` needs attention.  ``max_len`` and sources
+        as ``greedy``'s.
 
         Returns:
             (ids (B, L) int64, weights (B, L, S) or None) of each source's best hypothesis,
@@ -344,8 +372,9 @@ class Seq2Seq(TorchTwin, nn.Module):
         """
         if coverage_penalty and self.attention_kind is None:
             raise ValueError("beam_search: coverage_penalty needs a model with attention")
-        return decoding.beam_search(self, _ids(src, "src"), beam, max_len, length_penalty, coverage_penalty,
-                                    min_length, no_repeat_ngram_size, n_best)
+        src = _ids(src, "src", "Seq2Seq", empty=True)
+        return decoding.beam_search(self, src, beam, max_len, length_penalty, coverage_penalty, min_length,
+                                    no_repeat_ngram_size, n_best)
 
 
 @dataclass
@@ -361,20 +390,26 @@ class _Decoding:
 # ---------------------------------------------------------------- helpers
 
 
-def _size(vocab, what: str) -> int:
+def _size(vocab, what: str, where: str) -> int:
+    """A vocabulary's size: an int, or anything with a length (a ``ta.data.Vocab``)."""
+    if isinstance(vocab, bool) or not (isinstance(vocab, int | np.integer) or hasattr(vocab, "__len__")):
+        raise TypeError(f"{where}: {what} must be an int or a ta.data.Vocab, got {vocab!r:.40} "
+                        f"({type(vocab).__name__})")
     size = vocab if isinstance(vocab, int | np.integer) else len(vocab)
     if size < 4:
-        raise ValueError(f"Seq2Seq: {what} must hold at least the 4 reserved ids (<pad>, <start>, "
+        raise ValueError(f"{where}: {what} must hold at least the 4 reserved ids (<pad>, <start>, "
                          f"<end>, <unk>), got size {size}")
     return int(size)
 
 
-def _ids(x, what: str) -> np.ndarray:
-    """An integer (B, L) array from a numpy array, nested lists or a Tensor."""
+def _ids(x, what: str, where: str = "Seq2Seq", empty: bool = False) -> np.ndarray:
+    """An integer (B, L) array from a numpy array, nested lists or a Tensor; L = 0 only where
+    ``empty`` allows it (a source: a batch of empty sources)."""
     array = x.numpy() if isinstance(x, Tensor) else np.asarray(x)
-    if array.ndim != 2 or array.dtype.kind not in "iu" or array.shape[1] == 0:
-        raise ShapeError(f"Seq2Seq: {what} must be a non-empty integer array (B, L) of token ids, "
-                         f"got {array.dtype} of shape {array.shape}")
+    if array.ndim != 2 or array.dtype.kind not in "iu" or (array.shape[1] == 0 and not empty):
+        kind = "an integer array" if empty else "a non-empty integer array"
+        raise ShapeError(f"{where}: {what} must be {kind} (B, L) of token ids, got {array.dtype} of shape "
+                         f"{array.shape}")
     return array.astype(np.int64, copy=False)
 
 

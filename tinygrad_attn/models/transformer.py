@@ -19,9 +19,11 @@ import numpy as np
 
 from .. import functional as F
 from .. import nn, scopes
+from ..arguments import check_flag, check_int
 from ..attention import record as attention_record
 from ..attention import scaled_dot_product
 from ..autograd import ShapeError, scope
+from ..nn.transformer import check_layer_arguments
 from ..tensor import Tensor, cat
 from . import decoding
 from .seq2seq import PAD, START, _ids, _size
@@ -50,10 +52,18 @@ class Transformer(TorchTwin, nn.Module):
         src_vocab, tgt_vocab: vocabulary sizes (ints or ``ta.data.Vocab``).
         d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward, dropout,
             activation, norm_first: as ``nn.Transformer``.
+            Either stack may have 0 layers (its final LayerNorm alone); with no decoder layer
+            the output does not read the source, and the model has no attention to report
+            (``attention_kind`` None, decoding's attention None).
         positions: "sinusoidal" (fixed) or "learned" (an embedding per position).
-        max_len: the longest sequence the position table covers.
+        max_len: the longest sequence the position table covers: a source of at most
+            ``max_len`` tokens (``max_src_len``), a target of at most ``max_len`` positions
+            (``max_tgt_len``: teacher forcing's ``tgt_in``, and every decode stops after
+            min(its max_len, this) tokens).
         tie_embeddings: the output layer's weight is the target embedding (Press and Wolf
             2017; the paper shares it too).
+
+    Every argument is checked before anything is built (a one-line error naming it).
 
     Example:
         >>> model = ta.models.Transformer(40, 40, d_model=64, nhead=4, num_encoder_layers=2,
@@ -70,9 +80,16 @@ class Transformer(TorchTwin, nn.Module):
                  activation: str = "relu", norm_first: bool = False, positions: str = "sinusoidal",
                  max_len: int = 512, tie_embeddings: bool = False):
         super().__init__()
-        src_size, tgt_size = _size(src_vocab, "src_vocab"), _size(tgt_vocab, "tgt_vocab")
-        if positions not in POSITIONS:
-            raise ValueError(f"Transformer: positions must be one of {POSITIONS}, got {positions!r}")
+        where = "Transformer"
+        src_size, tgt_size = _size(src_vocab, "src_vocab", where), _size(tgt_vocab, "tgt_vocab", where)
+        check_layer_arguments(where, d_model, nhead, dim_feedforward, dropout, activation,
+                              norm_first=norm_first)
+        check_int(num_encoder_layers, "num_encoder_layers", where, 0)
+        check_int(num_decoder_layers, "num_decoder_layers", where, 0)
+        if not isinstance(positions, str) or positions not in POSITIONS:
+            raise ValueError(f"{where}: positions must be one of {POSITIONS}, got {positions!r}")
+        check_int(max_len, "max_len", where, 1)
+        check_flag(tie_embeddings, "tie_embeddings", where)
         self.config = dict(src_vocab=src_size, tgt_vocab=tgt_size, d_model=d_model, nhead=nhead,
                            num_encoder_layers=num_encoder_layers, num_decoder_layers=num_decoder_layers,
                            dim_feedforward=dim_feedforward, dropout=float(dropout), activation=activation,
@@ -93,6 +110,20 @@ class Transformer(TorchTwin, nn.Module):
         self.out = nn.Linear(d_model, tgt_size)
         if tie_embeddings:
             self.out.weight = self.tgt_embed.weight
+        if not num_decoder_layers:
+            self.attention_kind = None          # no cross-attention: nothing attends to the source
+
+    @property
+    def max_src_len(self) -> int:
+        """The longest source, in tokens, the model encodes: its position table's length
+        (``max_len``); decoding refuses a longer source before any work (Seq2Seq: None)."""
+        return self.max_len
+
+    @property
+    def max_tgt_len(self) -> int:
+        """The most target positions the decoder reads: ``tgt_in``'s longest, and the most
+        tokens a decode produces (``<end>`` included), whatever its ``max_len`` asks."""
+        return self.max_len
 
     def extra_repr(self) -> str:
         c = self.config
@@ -139,7 +170,7 @@ class Transformer(TorchTwin, nn.Module):
             weights["decoder/layer1/self_attention"]     (B, H, T, T)   causal
             weights["decoder/layer1/cross_attention"]    (B, H, T, S)
         """
-        src, tgt_in = _ids(src, "src"), _ids(tgt_in, "tgt_in")
+        src, tgt_in = _ids(src, "src", "Transformer", empty=True), _ids(tgt_in, "tgt_in", "Transformer")
         if tgt_in.shape[0] != src.shape[0]:
             raise ShapeError(f"Transformer: src {src.shape} and tgt_in {tgt_in.shape} differ in batch size")
         with attention_record() if need_weights else nullcontext() as weights:
@@ -157,19 +188,26 @@ class Transformer(TorchTwin, nn.Module):
         side, _, name = sublayer.rpartition("/")
         side = side or scopes.DECODER
         stack = self.transformer.encoder if side == scopes.ENCODER else self.transformer.decoder
+        if not len(stack.layers):
+            raise ValueError(f"Transformer.layer_attention: the {side} has 0 layers, so no {sublayer} "
+                             f"weights")
         return np.stack([weights[_key(side, scopes.layer(i), name)] for i in range(len(stack.layers))])
 
     def loss(self, src, tgt_in, tgt_out, label_smoothing: float = 0.0) -> Tensor:
         """Mean cross-entropy of the teacher-forced logits against ``tgt_out``, padding ignored."""
         logits, _ = self(src, tgt_in)
-        return F.cross_entropy(logits, _ids(tgt_out, "tgt_out"), ignore_index=PAD,
+        return F.cross_entropy(logits, _ids(tgt_out, "tgt_out", "Transformer"), ignore_index=PAD,
                                label_smoothing=label_smoothing)
 
     # ------------------------------------------------------------ decoding
 
-    def greedy(self, src, max_len: int = 50, min_length: int = 0, no_repeat_ngram_size: int = 0,
+    def greedy(self, src, max_len: decoding.MaxLen = 50, min_length: int = 0, no_repeat_ngram_size: int = 0,
                hypotheses: bool = False, use_cache: bool = True):
         """The most likely token at every step (``Seq2Seq.greedy``'s options and returns).
+
+        ``max_len`` (an int, or one per row) is capped by the position table: a row stops
+        after min(max_len, ``self.max_len``) tokens.  A source longer than the table is
+        refused (ShapeError) before any work; an empty source decodes as a row of padding.
 
         With ``use_cache`` each decoder layer keeps the keys and values of the tokens so far
         (and of the memory, computed once), so a step costs one token's work; without, every
@@ -178,22 +216,22 @@ class Transformer(TorchTwin, nn.Module):
         Returns:
             (ids (B, L) int64, each row up to and including ``<end>`` then 0; attention
             (B, L, S): the last decoder layer's cross-attention, averaged over heads, zeros
-            after ``<end>``).  For every layer and head, run ``model(src, tgt_in,
-            need_weights=True)`` on the output, or ``beam_search(..., n_best=k,
-            average_weights=False)``.
+            after ``<end>``; None with 0 decoder layers).  For every layer and head, run
+            ``model(src, tgt_in, need_weights=True)`` on the output, or ``beam_search(...,
+            n_best=k, average_weights=False)``.
         """
-        return decoding.greedy(self, _ids(src, "src"), max_len, min_length, no_repeat_ngram_size, hypotheses,
-                               use_cache=use_cache)
-
-    def sample(self, src, max_len: int = 50, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-               seed=None, min_length: int = 0, no_repeat_ngram_size: int = 0, hypotheses: bool = False,
-               use_cache: bool = True):
-        """Draw every output token from the model's distribution (``ta.models.decoding.sample``);
-        returns what ``greedy`` returns."""
-        return decoding.sample(self, _ids(src, "src"), max_len, temperature, top_k, top_p, seed, min_length,
+        return decoding.greedy(self, _ids(src, "src", "Transformer", empty=True), max_len, min_length,
                                no_repeat_ngram_size, hypotheses, use_cache=use_cache)
 
-    def beam_search(self, src, beam: int = 5, max_len: int = 50, length_penalty: float = 1.0,
+    def sample(self, src, max_len: decoding.MaxLen = 50, temperature: float = 1.0, top_k: int = 0,
+               top_p: float = 1.0, seed=None, min_length: int = 0, no_repeat_ngram_size: int = 0,
+               hypotheses: bool = False, use_cache: bool = True):
+        """Draw every output token from the model's distribution (``ta.models.decoding.sample``);
+        ``max_len`` and sources as ``greedy``'s; returns what ``greedy`` returns."""
+        return decoding.sample(self, _ids(src, "src", "Transformer", empty=True), max_len, temperature, top_k,
+                               top_p, seed, min_length, no_repeat_ngram_size, hypotheses, use_cache=use_cache)
+
+    def beam_search(self, src, beam: int = 5, max_len: decoding.MaxLen = 50, length_penalty: float = 1.0,
                     coverage_penalty: float = 0.0, min_length: int = 0, no_repeat_ngram_size: int = 0,
                     n_best: int | None = None, use_cache: bool = True, average_weights: bool = True):
         """Batched beam search as ``Seq2Seq.beam_search`` (``ta.models.decoding.beam_search``);
@@ -203,18 +241,23 @@ class Transformer(TorchTwin, nn.Module):
         decoder layer's cross-attention, every head: (layers, H, len(tokens), S), what
         ``layer_attention`` gives for the hypothesis teacher-forced (computed so, once, for
         the returned hypotheses only: the search itself reads the averaged last layer).
+        ``max_len`` and sources as ``greedy``'s.  With 0 decoder layers there is no attention
+        (None), and ``coverage_penalty`` is refused.
 
         Returns:
             (ids (B, L) int64, attention (B, L, S)), laid out as ``greedy``'s; with ``n_best``,
             per source a list of ``ta.models.Hypothesis``, best first.
         """
-        src = _ids(src, "src")
+        src = _ids(src, "src", "Transformer", empty=True)
+        if coverage_penalty and self.attention_kind is None:
+            raise ValueError("beam_search: coverage_penalty needs a model with attention; this Transformer "
+                             "has 0 decoder layers")
         if not average_weights and n_best is None:
             raise ValueError("beam_search: average_weights=False gives each hypothesis every layer and "
                              "head, so it needs n_best")
         found = decoding.beam_search(self, src, beam, max_len, length_penalty, coverage_penalty, min_length,
                                      no_repeat_ngram_size, n_best, use_cache=use_cache)
-        if not average_weights:
+        if not average_weights and self.attention_kind is not None:
             self._every_head(src, found)
         return found
 
@@ -248,17 +291,19 @@ class Transformer(TorchTwin, nn.Module):
         """One step from the previous ids (N,): (the model's log-probabilities (N, V) float64,
         the last decoder layer's cross-attention averaged over heads (N, S), the next state)."""
         prefix = np.concatenate([state.prefix, tokens[:, None]], axis=1)          # (N, t + 1)
-        # Only the last layer's cross-attention: the other calls rebuild no weights.
+        # Only the last layer's cross-attention: the other calls rebuild no weights.  With no
+        # decoder layer nothing attends to the source, and nothing is recorded.
         last = len(self.transformer.decoder.layers) - 1
         key = _key(scopes.DECODER, scopes.step(t), scopes.layer(last), scopes.CROSS_ATTENTION)
-        with scope(scopes.DECODER), scope(scopes.step(t)), attention_record(only=[key]) as weights:
+        recording = attention_record(only=[key]) if last >= 0 else nullcontext()
+        with scope(scopes.DECODER), scope(scopes.step(t)), recording as weights:
             if state.use_cache:
                 h = self._cached_step(tokens[:, None], t, state.memory, state.step_mask, state.caches)
             else:
                 h = self.transformer.decoder(self._embed(self.tgt_embed, prefix), state.memory,
                                              memory_key_mask=state.memory_mask, causal=True)[:, -1:]
             log_probs = decoding.log_softmax(self.out(h).numpy()[:, 0])               # (N, V)
-        attention = weights[key][:, :, -1].mean(axis=1)                            # (N, S)
+        attention = None if weights is None else weights[key][:, :, -1].mean(axis=1)    # (N, S)
         return log_probs, attention, _State(state.memory, state.memory_mask, state.step_mask, state.caches,
                                             prefix, state.use_cache, state.source)
 

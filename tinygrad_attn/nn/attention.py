@@ -7,6 +7,7 @@ its nodes in the mechanism's scope.  Weights are laid out (out, in) like a Linea
 from __future__ import annotations
 
 from .. import attention
+from ..arguments import check_int, check_number
 from ..autograd import ShapeError
 from ..tensor import Tensor, cat
 from . import init
@@ -150,9 +151,15 @@ class MultiHeadAttention(Module):
     def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
                  kdim: int | None = None, vdim: int | None = None):
         super().__init__()
-        if num_heads < 1 or embed_dim % num_heads:
-            raise ShapeError(f"MultiHeadAttention: num_heads={num_heads} must divide "
-                             f"embed_dim={embed_dim}")
+        where = "MultiHeadAttention"
+        check_int(embed_dim, "embed_dim", where, 1)
+        check_int(num_heads, "num_heads", where, 1)
+        if embed_dim % num_heads:
+            raise ShapeError(f"{where}: num_heads={num_heads} must divide embed_dim={embed_dim}")
+        check_number(dropout, "dropout", where, low=0.0, high=1.0)
+        for name, size in (("kdim", kdim), ("vdim", vdim)):
+            if size is not None:
+                check_int(size, name, where, 1)
         self.embed_dim, self.num_heads, self.dropout = embed_dim, num_heads, dropout
         self.kdim = embed_dim if kdim is None else kdim
         self.vdim = embed_dim if vdim is None else vdim

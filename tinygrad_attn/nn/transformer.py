@@ -1,9 +1,12 @@
 """The Transformer's layers (Vaswani et al. 2017), with ``torch.nn.Transformer``'s constructor
 arguments, parameter names and shapes (``batch_first=True``), so a torch state_dict loads.
 
-Masks keep the engine's one convention: True = a real token / may attend (torch's
-``*_key_padding_mask`` is the opposite).  ``causal=True`` lets position i attend to positions
-<= i, as torch's ``is_causal`` with a square subsequent mask.
+Masks keep the engine's one convention: True = a real token / may attend (torch's boolean
+``*_key_padding_mask`` and ``*_mask`` are the opposite: pass ``~mask``).  ``causal=True`` lets
+position i attend to positions <= i, as torch's ``is_causal`` with a square subsequent mask;
+every mask given to one attention applies together (a position attends only where all allow).
+
+A stack of zero layers is allowed, as in torch: it is then its final LayerNorm alone.
 
     encoder layer:  x = norm1(x + self_attention(x));  x = norm2(x + feed_forward(x))
     decoder layer:  x = norm1(x + self_attention(x));  x = norm2(x + cross_attention(x, memory))
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 from .. import functional as F
 from .. import scopes
+from ..arguments import check_flag, check_int, check_number
 from ..autograd import scope
 from ..tensor import Tensor
 from . import init
@@ -31,13 +35,24 @@ __all__ = ["TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEnc
 _ACTIVATIONS = ("relu", "gelu")
 
 
-def _check(name: str, d_model: int, nhead: int, activation: str, batch_first: bool) -> None:
-    if nhead < 1 or d_model % nhead:
-        raise ValueError(f"{name}: nhead={nhead} must divide d_model={d_model}")
-    if activation not in _ACTIVATIONS:
-        raise ValueError(f"{name}: activation must be 'relu' or 'gelu', got {activation!r}")
-    if not batch_first:
-        raise ValueError(f"{name}: the engine is batch first (B, T, E); batch_first=False is not supported")
+def check_layer_arguments(where: str, d_model, nhead, dim_feedforward, dropout, activation,
+                          layer_norm_eps=1e-5, batch_first=True, norm_first=False, bias=True) -> None:
+    """The checks of a Transformer layer's constructor arguments, one line naming ``where`` and
+    the argument (``ta.models.Transformer`` runs them too, before building anything)."""
+    check_int(d_model, "d_model", where, 1)
+    check_int(nhead, "nhead", where, 1)
+    if d_model % nhead:
+        raise ValueError(f"{where}: nhead={nhead} must divide d_model={d_model}")
+    check_int(dim_feedforward, "dim_feedforward", where, 1)
+    # 1 would drop every sublayer's output and every attention weight: nothing would train.
+    check_number(dropout, "dropout", where, low=0.0, high=1.0, high_open=True)
+    if not isinstance(activation, str) or activation not in _ACTIVATIONS:
+        raise ValueError(f"{where}: activation must be 'relu' or 'gelu', got {activation!r}")
+    check_number(layer_norm_eps, "layer_norm_eps", where, low=0.0, low_open=True)
+    if not check_flag(batch_first, "batch_first", where):
+        raise ValueError(f"{where}: the engine is batch first (B, T, E); batch_first=False is not supported")
+    check_flag(norm_first, "norm_first", where)
+    check_flag(bias, "bias", where)
 
 
 class _Layer(Module):
@@ -48,7 +63,8 @@ class _Layer(Module):
                  dropout: float, activation: str, layer_norm_eps: float, batch_first: bool, norm_first: bool,
                  bias: bool):
         super().__init__()
-        _check(name, d_model, nhead, activation, batch_first)
+        check_layer_arguments(name, d_model, nhead, dim_feedforward, dropout, activation, layer_norm_eps,
+                              batch_first, norm_first, bias)
         self.config = dict(d_model=d_model, nhead=nhead, dim_feedforward=dim_feedforward, dropout=dropout,
                            activation=activation, layer_norm_eps=layer_norm_eps, norm_first=norm_first,
                            bias=bias)
@@ -124,16 +140,19 @@ class TransformerDecoderLayer(_Layer):
                          activation, layer_norm_eps, batch_first, norm_first, bias)
 
     def forward(self, x: Tensor, memory: Tensor, key_mask=None, memory_key_mask=None,
-                causal: bool = True) -> Tensor:
+                causal: bool = True, mask=None, memory_mask=None) -> Tensor:
         """x (B, T, d_model), memory (B, S, d_model) -> (B, T, d_model).  key_mask (B, T) and
-        memory_key_mask (B, S): True at real tokens."""
+        memory_key_mask (B, S): True at real tokens.  mask (torch's ``tgt_mask``) broadcasts to
+        (B, nhead, T, T) and memory_mask (torch's ``memory_mask``) to (B, nhead, T, S), True =
+        may attend."""
         def attend_self(h):
             with scope(scopes.SELF_ATTENTION):
-                return self.self_attn(h, h, h, key_mask=key_mask, causal=causal, need_weights=False)[0]
+                return self.self_attn(h, h, h, key_mask=key_mask, mask=mask, causal=causal,
+                                      need_weights=False)[0]
 
         def attend_memory(h):
             with scope(scopes.CROSS_ATTENTION):
-                return self.multihead_attn(h, memory, memory, key_mask=memory_key_mask,
+                return self.multihead_attn(h, memory, memory, key_mask=memory_key_mask, mask=memory_mask,
                                            need_weights=False)[0]
 
         x = self._sublayer(x, self.norm1, self.dropout1, attend_self)
@@ -158,14 +177,15 @@ class _Stack(Module):
 
     def __init__(self, layer: _Layer, num_layers: int, norm: LayerNorm | None = None):
         super().__init__()
+        check_int(num_layers, "num_layers", type(self).__name__, 0)
         self.layers = _clones(layer, num_layers)
         self.num_layers = num_layers
         self.norm = norm
 
 
 class TransformerEncoder(_Stack):
-    """``num_layers`` copies of ``encoder_layer`` in sequence, then ``norm`` if given, as
-    ``torch.nn.TransformerEncoder``."""
+    """``num_layers`` copies of ``encoder_layer`` in sequence (0: none), then ``norm`` if given,
+    as ``torch.nn.TransformerEncoder``."""
 
     def forward(self, x: Tensor, key_mask=None, mask=None, causal: bool = False) -> Tensor:
         for i, layer in enumerate(self.layers):
@@ -175,14 +195,15 @@ class TransformerEncoder(_Stack):
 
 
 class TransformerDecoder(_Stack):
-    """``num_layers`` copies of ``decoder_layer``, then ``norm`` if given, as
+    """``num_layers`` copies of ``decoder_layer`` (0: none), then ``norm`` if given, as
     ``torch.nn.TransformerDecoder``."""
 
     def forward(self, x: Tensor, memory: Tensor, key_mask=None, memory_key_mask=None,
-                causal: bool = True) -> Tensor:
+                causal: bool = True, mask=None, memory_mask=None) -> Tensor:
         for i, layer in enumerate(self.layers):
             with scope(scopes.layer(i)):
-                x = layer(x, memory, key_mask=key_mask, memory_key_mask=memory_key_mask, causal=causal)
+                x = layer(x, memory, key_mask=key_mask, memory_key_mask=memory_key_mask, causal=causal,
+                          mask=mask, memory_mask=memory_mask)
         return x if self.norm is None else self.norm(x)
 
 
@@ -192,7 +213,8 @@ class Transformer(Module):
     same parameter names (``encoder.layers.0.self_attn.in_proj_weight``, ``encoder.norm.weight``,
     ``decoder.layers.1.multihead_attn.out_proj.bias``, ...) and, like torch's, every weight
     matrix re-drawn Xavier-uniform after construction.  Embeddings and the output projection
-    are the model's (``ta.models.Transformer``).
+    are the model's (``ta.models.Transformer``).  Either stack may have 0 layers (its final
+    LayerNorm alone; with no decoder layer the output does not read ``src``).
 
     Example:
         >>> tr = nn.Transformer(d_model=64, nhead=4, num_encoder_layers=2, num_decoder_layers=2,
@@ -206,6 +228,10 @@ class Transformer(Module):
                  activation: str = "relu", layer_norm_eps: float = 1e-5, batch_first: bool = True,
                  norm_first: bool = False, bias: bool = True):
         super().__init__()
+        check_layer_arguments("Transformer", d_model, nhead, dim_feedforward, dropout, activation,
+                              layer_norm_eps, batch_first, norm_first, bias)
+        check_int(num_encoder_layers, "num_encoder_layers", "Transformer", 0)
+        check_int(num_decoder_layers, "num_decoder_layers", "Transformer", 0)
         options = dict(dim_feedforward=dim_feedforward, dropout=dropout, activation=activation,
                        layer_norm_eps=layer_norm_eps, batch_first=batch_first, norm_first=norm_first,
                        bias=bias)
@@ -222,14 +248,34 @@ class Transformer(Module):
                 p.data = init.xavier_uniform(p.shape).astype(p.dtype)
 
     def forward(self, src: Tensor, tgt: Tensor, src_key_mask=None, tgt_key_mask=None,
-                causal: bool = True) -> Tensor:
-        """src (B, S, d_model), tgt (B, T, d_model) -> (B, T, d_model).  ``src_key_mask`` masks
-        the encoder's self-attention and the decoder's cross-attention (torch's
-        ``src_key_padding_mask`` and ``memory_key_padding_mask``); ``causal`` the decoder's
-        self-attention."""
+                causal: bool = True, src_mask=None, tgt_mask=None, memory_mask=None,
+                memory_key_mask=None) -> Tensor:
+        """src (B, S, d_model), tgt (B, T, d_model) -> (B, T, d_model).
+
+        Every mask is True = may attend (torch's boolean masks are the opposite: pass ``~m``;
+        torch's 3-D masks (B * nhead, ., .) reshape to (B, nhead, ., .)); masks given to one
+        attention apply together.
+
+        Args:
+            src_key_mask (B, S): True at real source tokens; masks the encoder's self-attention
+                and, unless ``memory_key_mask`` is given, the decoder's cross-attention (torch's
+                ``src_key_padding_mask``, and ``memory_key_padding_mask``).
+            tgt_key_mask (B, T): True at real target tokens (torch's ``tgt_key_padding_mask``).
+            causal: the decoder's self-attention sees no later position (torch's ``tgt_mask``
+                of ``generate_square_subsequent_mask`` with ``tgt_is_causal``).
+            src_mask: the encoder's self-attention, broadcast to (B, nhead, S, S) (torch's
+                ``src_mask``).
+            tgt_mask: the decoder's self-attention, broadcast to (B, nhead, T, T), applied
+                with ``causal`` (torch's ``tgt_mask``).
+            memory_mask: the decoder's cross-attention, broadcast to (B, nhead, T, S) (torch's
+                ``memory_mask``).
+            memory_key_mask (B, S): the cross-attention's real source tokens, when they differ
+                from ``src_key_mask`` (torch's ``memory_key_padding_mask``).
+        """
         with scope(scopes.ENCODER):
-            memory = self.encoder(src, key_mask=src_key_mask)
+            memory = self.encoder(src, key_mask=src_key_mask, mask=src_mask)
         with scope(scopes.DECODER):
-            return self.decoder(tgt, memory, key_mask=tgt_key_mask, memory_key_mask=src_key_mask,
-                                causal=causal)
+            return self.decoder(tgt, memory, key_mask=tgt_key_mask,
+                                memory_key_mask=src_key_mask if memory_key_mask is None else memory_key_mask,
+                                causal=causal, mask=tgt_mask, memory_mask=memory_mask)
 
