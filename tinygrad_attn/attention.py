@@ -32,6 +32,7 @@ never NaN, and passes no gradient.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping
 
 import numpy as np
@@ -116,7 +117,16 @@ class Record(Mapping):
         self._weights[key] = array
 
 
-_records: list[Record] = []          # the open record() blocks, innermost last
+class _Recording(threading.local):
+    """This thread's open ``record()`` blocks, innermost last.  Per thread, as autograd's
+    scopes and ``no_grad`` are: a record keeps the calls of the thread that opened it only,
+    so two threads decoding at once each see their own weights."""
+
+    def __init__(self):
+        self.records: list[Record] = []
+
+
+_recording = _Recording()
 
 
 class record:
@@ -142,19 +152,21 @@ class record:
 
     def __enter__(self) -> Record:
         self._record = Record(self._only)
-        _records.append(self._record)
+        self._open = _recording.records              # this thread's, wherever the block ends
+        self._open.append(self._record)
         return self._record
 
     def __exit__(self, *exc) -> None:
-        _records.remove(self._record)
+        self._open.remove(self._record)
 
 
 def _wanted() -> tuple[Record | None, str]:
-    """The innermost open record and the current call's key, if that record keeps it."""
-    if not _records:
+    """This thread's innermost open record and the current call's key, if that record keeps it."""
+    records = _recording.records          # every attention call reads this: one read, no record open
+    if not records:
         return None, ""
     key = "/".join(part for part in current_scope().split("/") if part not in _MECHANISM_SCOPES)
-    return (_records[-1], key) if _records[-1]._wants(key) else (None, "")
+    return (records[-1], key) if records[-1]._wants(key) else (None, "")
 
 
 def _recorded(weights: Tensor) -> None:
@@ -172,12 +184,9 @@ def _fused_sdpa(inputs, scale: float, causal: bool, single: bool, **layout) -> T
     target, key = _wanted()
     if target is None:
         return ScaledDotProduct.apply(*inputs, scale=scale, causal=causal, **layout)
-    outer, ScaledDotProduct.kept = ScaledDotProduct.kept, []
-    try:
+    with ScaledDotProduct.keeping() as kept:
         context = ScaledDotProduct.apply(*inputs, scale=scale, causal=causal, **layout)
-        [op] = ScaledDotProduct.kept
-    finally:
-        ScaledDotProduct.kept = outer
+    [op] = kept
     weights = context.backend.to_numpy(op.weights())          # a new array, on the host
     target._add(key, weights[..., 0, :] if single else weights)
     return context

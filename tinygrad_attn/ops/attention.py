@@ -10,6 +10,9 @@ keys' projection is made once per sentence, outside).
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import ClassVar
 
 import numpy as np
@@ -143,6 +146,18 @@ class AdditiveScores(Op):
                          uniform(818, 2)))]
 
 
+class _Keeping(threading.local):
+    """The list this thread's ``ScaledDotProduct`` forwards append themselves to, while a
+    ``ta.attention.record()`` of this thread asks for their weights (else None).  Per thread:
+    another thread's forwards must neither join the list nor write weights no one reads."""
+
+    def __init__(self):
+        self.ops: list | None = None
+
+
+_keeping = _Keeping()
+
+
 @register
 class ScaledDotProduct(Op):
     """o = softmax(q k^T * scale, masked) v, fused: q (..., T_q, D), k (..., T_k, D),
@@ -159,9 +174,6 @@ class ScaledDotProduct(Op):
     """
 
     kernels = ("broadcast_to", "reshape", "sdpa", "sdpa_back", "sdpa_weights", "sum_to", "zeros")
-    # While ``ta.attention.record()`` is open, each forward appends its op here, so the
-    # record can ask it for ``weights()`` (an op run without a graph is reachable no other way).
-    kept: ClassVar[list | None] = None
     layout: ClassVar[str] = "BHTD"          # the default; a call may set "BTHD"
     LAYOUTS = ("BHTD", "BTHD")
 
@@ -176,6 +188,19 @@ class ScaledDotProduct(Op):
             allowed = allowed & np.tril(np.ones(scores.shape[-2:], dtype=bool))
         o = np.matmul(MaskedSoftmax.symbolic(sp, scores, allowed), v)
         return np.swapaxes(o, 1, 2) if layout == "BTHD" else o
+
+    @staticmethod
+    @contextmanager
+    def keeping() -> Iterator[list]:
+        """Inside the block, every forward of this op in this thread has the kernel write the
+        weights as it goes and appends the op to the list yielded, so ``ta.attention.record``
+        can ask it for ``weights()`` (an op run without a graph is reachable no other way)."""
+        outer = _keeping.ops
+        _keeping.ops = kept = []
+        try:
+            yield kept
+        finally:
+            _keeping.ops = outer
 
     def _heads_in_place(self, q, k, v):
         """Check BTHD inputs; (the weights' batch axes (B, H), T_q, T_k)."""
@@ -224,11 +249,12 @@ class ScaledDotProduct(Op):
                 mask3 = kb.reshape(kb.broadcast_to(mask, (t_q, t_k)), (1, t_q, t_k))
             else:
                 mask3 = kb.reshape(kb.broadcast_to(mask, full), (math.prod(batch), t_q, t_k))
+        kept = _keeping.ops
         if t_k == 0 or 0 in batch or t_q == 0:
             # Nothing to attend to (or no one asking): a zero context, as a fully masked row gets.
             self.saved = None, (q.shape, k.shape, v.shape), mask is not None, q.dtype
-            if ScaledDotProduct.kept is not None:
-                ScaledDotProduct.kept.append(self)
+            if kept is not None:
+                kept.append(self)
             return kb.zeros((batch[0], t_q, batch[1], d_v) if heads_in_place else batch + (t_q, d_v), q.dtype)
         if heads_in_place:                    # the kernels read (B, T, H, D) as it is
             q3, k3, v3 = q, k, v
@@ -236,18 +262,18 @@ class ScaledDotProduct(Op):
             q3, k3, v3 = (kb.reshape(kb.broadcast_to(x, batch + x.shape[-2:]), (-1,) + x.shape[-2:])
                           for x in (q, k, v))                                # (N, T, D)
         self.kept_weights = None
-        if ScaledDotProduct.kept is None:
+        if kept is None:
             o3, lse = kb.sdpa(q3, k3, v3, mask3, float(self.scale), bool(self.causal))
         else:         # a record keeps this call: the kernel writes the weights as it goes
             o3, lse, self.kept_weights = kb.sdpa(q3, k3, v3, mask3, float(self.scale), bool(self.causal),
                                                  True)
-            ScaledDotProduct.kept.append(self)
+            kept.append(self)
         self.saved = (q3, k3, v3, o3, lse, mask3, (q.shape, k.shape, v.shape), batch, (t_q, t_k))
         return o3 if heads_in_place else kb.reshape(o3, batch + (t_q, d_v))
 
     def weights(self):
         """The attention weights of the last forward, (..., T_q, T_k) on its device: those
-        the kernel wrote during a forward that ``ScaledDotProduct.kept`` asked for, else
+        the kernel wrote during a forward inside ``ScaledDotProduct.keeping()``, else
         rebuilt from the saved log-sum-exp (one product and one exp; no second softmax)."""
         if self.saved[0] is None:
             _, (q_shape, k_shape, v_shape), _, dtype = self.saved
