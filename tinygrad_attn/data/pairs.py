@@ -6,6 +6,12 @@
 
 Text read from a file is kept exactly as written (no lower-casing); ``task.tokenize`` later
 splits new text with the same function, so typed input matches the file's tokens.
+
+A file is read one line at a time, never holding more than ``MAX_LINE_BYTES`` of a line, so a
+file without newlines (``/dev/zero``, a binary file given by mistake) fails at its first line
+instead of filling memory. A pipe, FIFO or device (``<(zcat pairs.tsv.gz)``, ``/dev/stdin``)
+is read like a file up to ``MAX_STREAM_BYTES``: its length is not known in advance and may be
+endless. A regular file is read whole: its size is the one its owner chose.
 """
 
 from __future__ import annotations
@@ -13,16 +19,31 @@ from __future__ import annotations
 import codecs
 import hashlib
 import os
+import stat
 import warnings
 from collections.abc import Sequence
 from numbers import Integral, Real
-from pathlib import Path
 
 from .tasks import Pair, Task
 from .tokens import check_level, tokenize
 from .vocab import Vocab
 
-__all__ = ["DataError", "read_pairs", "from_pairs", "references", "split_point"]
+__all__ = ["DataError", "read_pairs", "from_pairs", "references", "split_point", "MAX_LINE_BYTES",
+           "MAX_STREAM_BYTES"]
+
+#: The longest line ``read_pairs`` reads, in bytes of UTF-8 without its "\n" or "\r\n": 1 MiB,
+#: at least 262,144 characters. Real pairs are far shorter (CMUdict's longest entry has 109
+#: bytes, a long sentence a few hundred), and a side of even 10,000 tokens is past what a model
+#: here trains on (attention's scores grow with S x T); so a longer line means a file that is
+#: not one of pairs, and the bound is what one line may cost in memory while it is read.
+MAX_LINE_BYTES = 1 << 20
+
+#: The most ``read_pairs`` reads from a pipe, FIFO or device (not a regular file), which may
+#: never end (``yes 'a<TAB>b' |``): 16 MiB, four times CMUdict's 135,000 entries, some 150,000
+#: pairs of sentences. Pairs hold 10-13 bytes of memory per byte read for sentence-length lines
+#: and up to 92 for one-character sides (measured), so an endless stream stops before 1.6 GB.
+#: A larger data set is read from a regular file, which is not bounded: its owner chose its size.
+MAX_STREAM_BYTES = 16 << 20
 
 # How many unknown symbols a warning quotes, and how much of a bad line an error shows.
 _EXAMPLES = 5
@@ -41,26 +62,54 @@ class DataError(ValueError):
 # reading
 
 
-def _read_text(path, name: str) -> str:
-    """The file's text, decoded from UTF-8 without a leading byte-order mark."""
+def _open(path, name: str):
+    """The file opened for reading bytes, or a DataError saying why it cannot be."""
     if os.path.isdir(path):
         raise DataError(f"{name}: is a directory, not a file of pairs")
     try:
-        raw = Path(path).read_bytes()
+        return open(path, "rb")
     except FileNotFoundError:
         raise DataError(f"{name}: no such file") from None
     except OSError as error:
         raise DataError(f"{name}: cannot read it: {error.strerror or error}") from None
-    if raw.startswith(codecs.BOM_UTF8):
-        # Windows editors often write one; it is not part of the first source.
-        raw = raw[len(codecs.BOM_UTF8):]
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = raw.count(b"\n", 0, error.start) + 1
-        column = error.start - (raw.rfind(b"\n", 0, error.start) + 1) + 1
-        raise DataError(f"{name}:{line}: invalid UTF-8 (byte 0x{raw[error.start]:02x} at byte column "
-                        f"{column}); save the file as UTF-8") from None
+
+
+def _lines(file, name: str):
+    """(line number, text) for each line of ``file``, decoded from UTF-8 without a leading
+    byte-order mark and without its "\\n"; reads at most ``MAX_LINE_BYTES`` + 2 bytes at a time."""
+    line_limit, stream_limit = MAX_LINE_BYTES, MAX_STREAM_BYTES
+    bounded = not stat.S_ISREG(os.fstat(file.fileno()).st_mode)
+    total = 0
+    lineno = 0
+    while True:
+        try:
+            raw = file.readline(line_limit + 2)           # room for a "\r\n" after a full line
+        except OSError as error:
+            raise DataError(f"{name}: cannot read it: {error.strerror or error}") from None
+        total += len(raw)
+        if bounded and total > stream_limit:
+            raise DataError(f"{name}: more than {stream_limit} bytes from a pipe or device "
+                            f"(ta.data.MAX_STREAM_BYTES); save the pairs to a file to read more")
+        if not raw:
+            return
+        lineno += 1
+        ended = raw.endswith(b"\n")
+        if len(raw) - ended - raw.endswith(b"\r\n") > line_limit:
+            raise DataError(f"{name}:{lineno}: the line is longer than {line_limit} bytes "
+                            f"(ta.data.MAX_LINE_BYTES); expected lines of 'source<TAB>target'")
+        if ended:
+            raw = raw[:-1]
+        if lineno == 1 and raw.startswith(codecs.BOM_UTF8):
+            # Windows editors often write one; it is not part of the first source.
+            raw = raw[len(codecs.BOM_UTF8):]
+            if not raw and not ended:
+                return                  # the mark alone: an empty file
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise DataError(f"{name}:{lineno}: invalid UTF-8 (byte 0x{raw[error.start]:02x} at byte column "
+                            f"{error.start + 1}); save the file as UTF-8") from None
+        yield lineno, text
 
 
 def _side(text: str, level: str, side: str, name: str, lineno: int) -> list[str]:
@@ -82,8 +131,12 @@ def read_pairs(path: str | os.PathLike, src_tokens: str = "char", tgt_tokens: st
     its level with the same tokenizer as ``Task.tokenize``. Only "\\n" ends a line, so other
     Unicode separators (U+2028, U+0085, ...) are ordinary characters of a side.
 
+    A line may hold up to ``MAX_LINE_BYTES`` (1 MiB) of UTF-8; a pipe, FIFO or device (not a
+    regular file) may give up to ``MAX_STREAM_BYTES`` (16 MiB) in all. No more than one line is
+    held in memory as bytes, so ``/dev/zero`` fails at its first line.
+
     Args:
-        path: the file.
+        path: the file: a regular file, or a pipe such as ``/dev/stdin``.
         src_tokens: how to split sources: "char" (every character), "space" (on whitespace,
             punctuation kept) or "word" (words without punctuation).
         tgt_tokens: how to split targets, the same choices.
@@ -93,7 +146,8 @@ def read_pairs(path: str | os.PathLike, src_tokens: str = "char", tgt_tokens: st
 
     Raises:
         DataError: a missing file, a directory, invalid UTF-8, a line without exactly one tab,
-            an empty side, or a file with no pairs; the message starts with ``path:lineno: ``.
+            an empty side, a line past ``MAX_LINE_BYTES``, a stream past ``MAX_STREAM_BYTES``,
+            or a file with no pairs; the message starts with ``path:lineno: `` (or ``path: ``).
 
     Example:
         >>> Path("g2p.tsv").write_text("hello\\tHH AH L OW\\nhello\\tHH EH L OW\\n")
@@ -106,30 +160,34 @@ def read_pairs(path: str | os.PathLike, src_tokens: str = "char", tgt_tokens: st
     if not isinstance(path, str | os.PathLike):
         raise TypeError(f"{where}: path must be a str or a path, got {path!r:.80} ({type(path).__name__})")
     name = str(path)
-    text = _read_text(path, name)
-    if not text:
-        raise DataError(f"{name}: the file is empty; expected lines of 'source<TAB>target'")
-
     pairs = []
-    lines = text.split("\n")
-    for lineno, line in enumerate(lines, start=1):
-        if line.endswith("\r"):
-            line = line[:-1]
-        if not line.strip():
-            continue
-        tabs = line.count("\t")
-        if tabs != 1:
-            found = "no tab" if tabs == 0 else f"{tabs} tabs"
-            raise DataError(f"{name}:{lineno}: expected one tab between source and target, found {found} "
-                            f"in {line!r:.{_SHOWN_CHARS}}")
-        source, target = line.split("\t")
-        pairs.append((_side(source, src_tokens, "source", name, lineno),
-                      _side(target, tgt_tokens, "target", name, lineno)))
+    lineno = 0                          # after the loop: the number of lines
+    with _open(path, name) as file:
+        for lineno, line in _lines(file, name):
+            pair = _pair(line, src_tokens, tgt_tokens, name, lineno)
+            if pair is not None:
+                pairs.append(pair)
+    if lineno == 0:
+        raise DataError(f"{name}: the file is empty; expected lines of 'source<TAB>target'")
     if not pairs:
-        # A trailing newline makes one more (empty) piece than the file has lines.
-        count = len(lines) - (lines[-1] == "")
-        raise DataError(f"{name}: no pairs: all {count} lines are blank")
+        raise DataError(f"{name}: no pairs: all {lineno} lines are blank")
     return pairs
+
+
+def _pair(line: str, src_tokens: str, tgt_tokens: str, name: str, lineno: int) -> Pair | None:
+    """One line's (source tokens, target tokens), or None for a blank line."""
+    if line.endswith("\r"):
+        line = line[:-1]
+    if not line.strip():
+        return None
+    tabs = line.count("\t")
+    if tabs != 1:
+        found = "no tab" if tabs == 0 else f"{tabs} tabs"
+        raise DataError(f"{name}:{lineno}: expected one tab between source and target, found {found} "
+                        f"in {line!r:.{_SHOWN_CHARS}}")
+    source, target = line.split("\t")
+    return (_side(source, src_tokens, "source", name, lineno),
+            _side(target, tgt_tokens, "target", name, lineno))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,6 +3,11 @@
 Ids 0-3 are reserved, in every vocabulary, for ``<pad>``, ``<start>``, ``<end>`` and ``<unk>``,
 so a model, a loss (``ignore_index=PAD``) and a decoder (stop at ``END``) can rely on them
 without being handed the vocabulary.
+
+The reserved ids are control symbols, never text: no token encodes to them (but an unknown
+one to ``UNK``). A token spelled like a reserved name, "<end>" in a file of pairs, is an
+ordinary token: otherwise a target holding it would teach the model to stop there and a source
+holding "<pad>" would be masked away.
 """
 
 from __future__ import annotations
@@ -39,11 +44,16 @@ def _check_sequence(tokens, where: str) -> None:
 class Vocab:
     """Tokens <-> ids, with ``<pad>``=0, ``<start>``=1, ``<end>``=2, ``<unk>``=3 reserved.
 
-    The given tokens follow the four reserved ones, in the order given (listing a reserved
-    token again is allowed and ignored). A vocabulary never changes after it is made.
+    The given tokens follow the four reserved ids, in the order given. Every given token is
+    ordinary, even one spelled "<end>": it gets an id of its own, encodes to it and decodes
+    back to the text "<end>", while the id ``END`` is the control symbol that ends a sequence.
+    The reserved ids are reached only by ``encode``'s ``start``/``end`` and, for a token the
+    vocabulary lacks, ``UNK``. A vocabulary never changes after it is made.
 
     Args:
-        tokens: the ordinary tokens (strings), without duplicates.
+        tokens: the ordinary tokens (strings), without duplicates. A list that starts with the
+            four reserved names in order (``vocab.tokens``) is refused: pass ``vocab.tokens[4:]``,
+            or use ``from_dict``.
 
     Example:
         >>> v = Vocab(["cat", "my"])
@@ -57,12 +67,18 @@ class Vocab:
 
     def __init__(self, tokens: Iterable[str] = ()):
         _check_sequence(tokens, "Vocab")
+        tokens = list(tokens)
+        if tuple(tokens[:len(SPECIALS)]) == SPECIALS:
+            # Vocab(v.tokens) once gave v back (reserved names were skipped); now the four would
+            # become ordinary tokens and shift every id, so the old idiom fails loudly instead.
+            raise ValueError(f"Vocab: the tokens start with the reserved names {list(SPECIALS)}; "
+                             f"pass only the ordinary tokens (vocab.tokens[{len(SPECIALS)}:]) or use "
+                             f"Vocab.from_dict")
         self._tokens = list(SPECIALS)
-        self._ids = {token: i for i, token in enumerate(SPECIALS)}
+        # Only ordinary tokens map to ids: the reserved ids are unreachable from text.
+        self._ids = {}
         for token in tokens:
             _check_token(token, "Vocab")
-            if token in SPECIALS:
-                continue
             if token in self._ids:
                 raise ValueError(f"Vocab: duplicate token {token!r}")
             self._ids[token] = len(self._tokens)
@@ -73,7 +89,8 @@ class Vocab:
         """The vocabulary of every token seen at least ``min_freq`` times, sorted.
 
         Sorting (rather than first-seen order) makes the ids depend only on the set of
-        tokens, not on how the sequences were shuffled.
+        tokens, not on how the sequences were shuffled. Tokens spelled like a reserved name
+        ("<end>") are counted and kept like any other.
 
         Args:
             sequences: token lists, e.g. the source sides of a task's training pairs.
@@ -100,11 +117,14 @@ class Vocab:
             for token in tokens:
                 _check_token(token, "Vocab.build")
         counts = Counter(tokens)
+        # Sorted, the reserved names can never lead in their id order ("<end>" < "<pad>"), so the
+        # constructor's guard against a vocab.tokens list never fires on data.
         return cls(sorted(token for token, count in counts.items() if count >= min_freq))
 
     @property
     def tokens(self) -> list[str]:
-        """Every token, in id order (a copy), the four reserved ones first."""
+        """Every token, in id order (a copy): the four reserved names first, then the ordinary
+        tokens (``tokens[4:]``), which may spell a reserved name again."""
         return list(self._tokens)
 
     def __len__(self) -> int:
@@ -114,18 +134,21 @@ class Vocab:
         return iter(self._tokens)
 
     def __contains__(self, token) -> bool:
+        """Whether ``token`` is one of the ordinary tokens (a reserved name alone is not)."""
         return token in self._ids
 
     def id(self, token: str) -> int:
-        """The id of ``token``; ``UNK`` for a token the vocabulary does not know."""
+        """The id of the ordinary token ``token``; ``UNK`` for one the vocabulary does not know
+        ("<end>" included, unless it is one of the ordinary tokens)."""
         return self._ids.get(_check_token(token, "Vocab.id"), UNK)
 
     def token(self, id: int) -> str:
-        """The token with id ``id``."""
+        """The token with id ``id``; a reserved id gives its name ("<end>" for ``END``)."""
         return self._tokens[self._check_id(id, "Vocab.token")]
 
     def encode(self, tokens: Iterable[str], start: bool = False, end: bool = False) -> list[int]:
-        """Token list -> id list; unknown tokens become ``UNK``.
+        """Token list -> id list; unknown tokens become ``UNK``. Only ``start`` and ``end``
+        put the reserved ``START`` and ``END`` in: a token "<end>" encodes as an ordinary one.
 
         Args:
             tokens: a list of token strings (not one string: tokenize it first).
@@ -152,7 +175,9 @@ class Vocab:
         Args:
             ids: ints (a list or a 1-d array), e.g. one row of a model's greedy output.
             strip: stop at the first ``END`` and drop ``PAD`` and ``START``; with False every
-                id is turned into its token, the reserved ones included.
+                id is turned into its token, the reserved ones into their names. An ordinary
+                token spelled "<end>" is written back as "<end>" and does not stop the output;
+                ``UNK`` gives "<unk>" either way.
 
         Returns:
             a list of token strings.
@@ -176,12 +201,14 @@ class Vocab:
         return tokens
 
     def to_dict(self) -> dict:
-        """A JSON-able description, e.g. to store next to a checkpoint."""
+        """A JSON-able description, e.g. to store next to a checkpoint: ``{"tokens": [...]}``,
+        every token in id order, the four reserved names first (the format of every version)."""
         return {"tokens": list(self._tokens)}
 
     @classmethod
     def from_dict(cls, state: Mapping) -> Vocab:
-        """The Vocab that ``to_dict`` described.
+        """The Vocab that ``to_dict`` described: the tokens after the four reserved names are
+        the ordinary ones, in id order, so a dict written by any version maps as it did.
 
         Example:
             >>> Vocab.from_dict(v.to_dict()) == v
