@@ -4,7 +4,9 @@ Transformer models, and decodes trained dates models to the engine's translation
 no mapping is named."""
 
 import importlib
+import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,6 +36,11 @@ TRANSFORMERS = {
     "post-norm-relu-sinusoidal": dict(num_encoder_layers=2, num_decoder_layers=2),
     "pre-norm-gelu-learned-tied": dict(num_encoder_layers=1, num_decoder_layers=3, norm_first=True,
                                        activation="gelu", positions="learned", tie_embeddings=True),
+    # A stack of zero layers is its final LayerNorm alone (as torch's): no encoder layer; no
+    # decoder layer, so no cross-attention and a step that reads nothing of the source.
+    "no-encoder-layers": dict(num_encoder_layers=0, num_decoder_layers=2),
+    "no-decoder-layers": dict(num_encoder_layers=2, num_decoder_layers=0),
+    "no-layers": dict(num_encoder_layers=0, num_decoder_layers=0, norm_first=True),
 }
 
 
@@ -78,6 +85,8 @@ def engine_encoder_outputs(model, src: np.ndarray) -> dict:
         from tinygrad_attn.models.transformer import memory_keys
 
         memory = model.encode(src)
+        if not model.transformer.decoder.layers:        # nothing reads the memory: it is the output
+            return {"memory": memory.numpy()}
         found = {}
         for k, layer in enumerate(model.transformer.decoder.layers):
             keys, values = memory_keys(layer.multihead_attn, memory, {})
@@ -149,6 +158,21 @@ def test_export_decoder_steps_match_the_engine_at_other_sizes(exported):
     engine_lp, _, _ = model.decode_step(model.decode_select(engine_state, rows), tokens[rows], 6)
     ort_lp, _, _ = ort_model.decode_step(ort_model.decode_select(ort_state, rows), tokens[rows], 6)
     np.testing.assert_allclose(ort_lp, engine_lp, **TOLERANCE)
+
+
+@pytest.mark.parametrize("config", ["no-encoder-layers", "no-decoder-layers", "no-layers"])
+def test_export_of_zero_layers_decodes_as_the_engine(onnx, tmp_path, config):
+    """No decoder layer: no attention (None, as the engine's) and a step that reads no source."""
+    model = small_transformer(config).eval()
+    ort_model = ta_onnx.OnnxModel(ta_onnx.export_onnx(model, tmp_path / "z.onnx"))
+    src = sources(4, 6)
+    for call in (lambda m: m.greedy(src, max_len=7), lambda m: m.beam_search(src, beam=3, max_len=7)):
+        (expected, engine_weights), (ids, weights) = call(model), call(ort_model)
+        np.testing.assert_array_equal(ids, expected)
+        if engine_weights is None:
+            assert weights is None and not model.transformer.decoder.layers
+        else:
+            np.testing.assert_allclose(weights, engine_weights, **TOLERANCE)
 
 
 # ---------------------------------------------------------------- a trained dates model
@@ -239,14 +263,24 @@ def test_export_of_another_model_names_what_it_exports(onnx, tmp_path):
         ta_onnx.export_onnx(ta.nn.Linear(3, 4), tmp_path / "t.onnx")
 
 
-def test_exported_transformer_refuses_a_source_beyond_its_position_table(onnx, tmp_path):
-    model = small_transformer("post-norm-relu-sinusoidal", max_len=6)
+def test_exported_transformer_bounds_sources_and_decodes_by_its_position_table(onnx, tmp_path):
+    """As the engine's: a decode stops at the table's end, a longer source is refused."""
+    model = small_transformer("post-norm-relu-sinusoidal", max_len=6).eval()
     ort_model = ta_onnx.OnnxModel(ta_onnx.export_onnx(model, tmp_path / "t.onnx"))
-    ort_model.greedy(sources(2, 6), max_len=6)
-    with pytest.raises(ta.ShapeError, match=r"7 tokens is longer than the position table \(max_len=6\)"):
-        ort_model.greedy(sources(2, 7), max_len=3)
-    with pytest.raises(ta.ShapeError, match=r"step 6 is beyond the position table \(max_len=6\)"):
-        ort_model.greedy(sources(2, 3), max_len=7)
+    src = sources(2, 3)
+    for call in (lambda m: m.greedy(src, max_len=9), lambda m: m.beam_search(src, beam=2, max_len=9)):
+        (expected, _), (ids, _) = call(model), call(ort_model)
+        np.testing.assert_array_equal(ids, expected)
+    long = sources(2, 7)
+    with pytest.raises(ta.ShapeError, match=r"source 0 has 7 tokens, longer than the Transformer's position "
+                                            r"table \(max_len=6\)"):
+        model.greedy(long, max_len=3)
+    with pytest.raises(ta.ShapeError, match=r"source 0 has 7 tokens, longer than the OnnxModel's position "
+                                            r"table \(max_len=6\)"):
+        ort_model.greedy(long, max_len=3)
+    with pytest.raises(ta.ShapeError, match=r"OnnxModel: a source of 7 tokens is longer than the position "
+                                            r"table \(max_len=6\)"):
+        ort_model.encode(long)
 
 
 def test_export_without_onnx_says_how_to_install(monkeypatch, tmp_path):
@@ -264,3 +298,110 @@ def test_export_of_a_float64_model_says_to_cast_it(onnx, tmp_path):
                                             r"model.astype\(np.float32\)"):
         ta_onnx.export_onnx(model, tmp_path / "f64.onnx")
     assert not list(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------- ids, empty batches, paths
+
+
+@pytest.fixture(scope="module", params=["seq2seq", "transformer"])
+def tiny(request, onnx, tmp_path_factory):
+    """An engine model (source vocabulary 20) and its exported twin on onnxruntime."""
+    if request.param == "seq2seq":
+        model = small_model(*CONFIGS[0]).eval()
+    else:
+        model = small_transformer("post-norm-relu-sinusoidal").eval()
+    return model, ta_onnx.OnnxModel(ta_onnx.export_onnx(model, tmp_path_factory.mktemp("ids") / "m.onnx"))
+
+
+BAD_SOURCES = {
+    "negative-id": np.array([[4, -1, 5]]),
+    "float-ids": np.array([[4.0, 5.5]]),
+    "id-past-the-vocabulary": np.array([[4, 20]]),
+    "one-axis": np.array([4, 5]),
+    "bools": np.array([[True, False]]),
+}
+
+
+@pytest.mark.parametrize("method", ["greedy", "beam_search", "encode"])
+@pytest.mark.parametrize("bad", list(BAD_SOURCES))
+def test_onnx_model_refuses_the_ids_the_engine_refuses_with_its_message(tiny, bad, method):
+    """Before onnxruntime runs (whose Gather wraps a negative id, and fails on others deep
+    inside): the engine's own checks, raising what the engine's decoders raise."""
+    model, ort_model = tiny
+    src = BAD_SOURCES[bad]
+    with pytest.raises(Exception) as engine:
+        getattr(model, "greedy" if method == "encode" else method)(src, max_len=4)
+    with pytest.raises(type(engine.value)) as found:
+        getattr(ort_model, method)(src, **({} if method == "encode" else {"max_len": 4}))
+    assert str(found.value) == str(engine.value)
+
+
+EMPTY_SOURCES = {
+    "no-rows": np.zeros((0, 5), dtype=np.int64),
+    "no-rows-width-0": np.zeros((0, 0), dtype=np.int64),
+    "width-0": np.zeros((3, 0), dtype=np.int64),
+    "only-padding": np.zeros((3, 4), dtype=np.int64),
+}
+
+
+@pytest.mark.parametrize("empty", list(EMPTY_SOURCES))
+def test_onnx_model_decodes_empty_batches_and_sources_as_the_engine(tiny, empty):
+    """What onnxruntime cannot run (no rows, width 0) gives the engine's result all the same."""
+    model, ort_model = tiny
+    src = EMPTY_SOURCES[empty]
+    for call in (lambda m: m.greedy(src, max_len=4), lambda m: m.beam_search(src, beam=3, max_len=4)):
+        (engine_ids, engine_weights), (ids, weights) = call(model), call(ort_model)
+        np.testing.assert_array_equal(ids, engine_ids)
+        assert ids.dtype == engine_ids.dtype and weights.dtype == engine_weights.dtype
+        np.testing.assert_allclose(weights, engine_weights, **TOLERANCE)
+    engine_best = model.beam_search(src, beam=3, max_len=4, n_best=2)
+    found = ort_model.beam_search(src, beam=3, max_len=4, n_best=2)
+    assert [[h.tokens for h in best] for best in found] == [[h.tokens for h in best] for best in engine_best]
+    expected = engine_encoder_outputs(model, src)
+    encoded = ort_model.encode(src)
+    assert set(encoded) == set(expected)
+    for name, value in expected.items():
+        assert encoded[name].shape == value.shape, name
+        np.testing.assert_allclose(encoded[name], value, **TOLERANCE, err_msg=name)
+
+
+def test_export_to_a_folder_writes_inside_it(onnx, tmp_path):
+    """A folder (an existing one, or a path ending with a separator) gets model.encoder.onnx
+    and model.decoder.onnx inside it, and OnnxModel opens the folder the same way."""
+    model = small_model(*CONFIGS[0]).eval()
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    src = sources(3, 4)
+    expected, _ = model.greedy(src, max_len=5)
+    for target in (existing, str(existing), str(tmp_path / "new") + os.sep):
+        files = ta_onnx.export_onnx(model, target)
+        folder = Path(target)
+        assert (files.encoder_path, files.decoder_path) == (folder / "model.encoder.onnx",
+                                                            folder / "model.decoder.onnx")
+        assert sorted(p.name for p in folder.iterdir()) == ["model.decoder.onnx", "model.encoder.onnx"]
+        ids, _ = ta_onnx.OnnxModel(target).greedy(src, max_len=5)
+        np.testing.assert_array_equal(ids, expected)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["existing", "new"]      # nothing beside them
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"OnnxModel: no file .*empty/model\.encoder\.onnx'"):
+        ta_onnx.OnnxModel(tmp_path / "empty")
+    with pytest.raises(ValueError, match="export_onnx: path is empty"):
+        ta_onnx.export_onnx(model, "")
+
+
+def test_export_replaces_its_own_files_only_and_writes_both_or_neither(onnx, tmp_path):
+    model = small_model(*CONFIGS[0]).eval()
+    first = ta_onnx.export_onnx(model, tmp_path / "m.onnx")
+    ta_onnx.export_onnx(model, tmp_path / "m.onnx")                     # its own files: replaced
+    ta_onnx.OnnxModel(first).greedy(sources(2, 3), max_len=3)
+    foreign = tmp_path / "x.decoder.onnx"
+    foreign.write_bytes(b"someone else's")
+    with pytest.raises(FileExistsError, match=r"^export_onnx: .*x\.decoder\.onnx' exists and is not an "
+                                              r"ONNX file written by tinygrad_attn"):
+        ta_onnx.export_onnx(model, tmp_path / "x.onnx")
+    assert foreign.read_bytes() == b"someone else's"
+    (tmp_path / "y.decoder.onnx").mkdir()
+    with pytest.raises(FileExistsError, match=r"y\.decoder\.onnx' exists and is not an ONNX file"):
+        ta_onnx.export_onnx(model, tmp_path / "y.onnx")
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["m.decoder.onnx", "m.encoder.onnx", "x.decoder.onnx", "y.decoder.onnx"]   # no halves

@@ -55,6 +55,9 @@ def assert_twins_agree(model, src, tgt_in, seed: int = 1) -> None:
     ours = dict(model.named_parameters())
     assert sorted(grads) == sorted(ours)
     for name, p in ours.items():
+        if grads[name] is None:          # a parameter the logits do not read (a decoder of no layers)
+            assert p.grad is None or not np.any(p.grad.numpy()), name
+            continue
         expected = grads[name].numpy()
         np.testing.assert_allclose(p.grad.numpy(), expected, rtol=RTOL, atol=1e-10 * np.abs(expected).max(),
                                    err_msg=name)
@@ -104,6 +107,64 @@ def test_transformer_twin_logits_and_gradients_equal_the_engines(config):
                                   num_decoder_layers=2, dim_feedforward=12, dropout=0.0, max_len=16, **config)
     src, tgt_in, _ = padded_batch()
     assert_twins_agree(model, src, tgt_in)
+
+
+@pytest.mark.parametrize("layers", [(0, 2), (2, 0), (0, 0)], ids=["no-encoder", "no-decoder", "neither"])
+def test_transformer_twin_of_zero_layers_equals_the_engine(layers):
+    """A stack of zero layers is its final LayerNorm alone, in the engine and in the twin."""
+    ta.manual_seed(0)
+    model = ta.models.Transformer(SRC_VOCAB, TGT_VOCAB, d_model=8, nhead=2, num_encoder_layers=layers[0],
+                                  num_decoder_layers=layers[1], dim_feedforward=12, dropout=0.0, max_len=16)
+    src, tgt_in, _ = padded_batch()
+    assert_twins_agree(model, src, tgt_in)
+    back = ta.models.Transformer.from_torch(model.to_torch())
+    assert back.config == model.config
+    for name, value in model.state_dict().items():
+        np.testing.assert_array_equal(back.state_dict()[name], value, err_msg=name)
+
+
+def transformer_model(positions: str = "sinusoidal") -> ta.models.Transformer:
+    return ta.models.Transformer(SRC_VOCAB, TGT_VOCAB, d_model=8, nhead=2, num_encoder_layers=1,
+                                 num_decoder_layers=2, dim_feedforward=12, dropout=0.0, max_len=16,
+                                 positions=positions)
+
+
+@pytest.mark.parametrize("build", [
+    lambda: ta.models.Seq2Seq(SRC_VOCAB, TGT_VOCAB, embed=6, hidden=5, attention="additive"),
+    transformer_model,
+], ids=["seq2seq", "transformer"])
+def test_twin_dtype_follows_the_models_and_float64_logits_agree_to_1e12(build):
+    ta.manual_seed(7)
+    model = build()
+    assert {p.dtype for p in model.to_torch().parameters()} == {torch.float32}
+    model.astype(np.float64)
+    twin = model.to_torch()
+    assert {p.dtype for p in twin.parameters()} == {torch.float64}
+    src, tgt_in, _ = padded_batch()
+    logits, _ = model(src, tgt_in)
+    theirs = twin(torch.from_numpy(src), torch.from_numpy(tgt_in)).detach().numpy()
+    np.testing.assert_allclose(theirs, logits.numpy(), rtol=1e-12, atol=1e-12)
+    assert {p.dtype for p in model.to_torch(torch.float32).parameters()} == {torch.float32}
+    with pytest.raises(TypeError, match="to_torch: dtype must be a torch floating dtype"):
+        model.to_torch(np.float64)
+
+
+def test_a_float32_twin_made_float64_adds_the_engines_float64_sinusoids():
+    """``.double()`` (or ``.to(torch.float64)``) casts the table from float64, not from the
+    float32 buffer: the twin then gives the float64 engine's logits to 1e-12."""
+    ta.manual_seed(8)
+    model = transformer_model().astype(np.float64)
+    exact = torch.from_numpy(model._sinusoids)
+    for widen in (lambda twin: twin.double(), lambda twin: twin.to(torch.float64)):
+        twin = widen(model.to_torch(torch.float32))
+        assert twin.sinusoids.dtype == torch.float64 and torch.equal(twin.sinusoids, exact)
+        twin.load_state_dict(model.to_torch().state_dict())               # the float64 weights
+        src, tgt_in, _ = padded_batch()
+        logits, _ = model(src, tgt_in)
+        theirs = twin(torch.from_numpy(src), torch.from_numpy(tgt_in)).detach().numpy()
+        np.testing.assert_allclose(theirs, logits.numpy(), rtol=1e-12, atol=1e-12)
+    back = model.to_torch().float()
+    assert torch.equal(back.sinusoids, exact.float())
 
 
 def test_twins_compute_the_engines_loss_and_keep_its_mode():

@@ -15,6 +15,14 @@ row of the position table (sinusoids, or the learned embedding) at T.  ``attenti
 last decoder layer's cross-attention averaged over heads, what the engine's ``decode_step``
 returns.  Batch, source length and T are dynamic axes; nothing in either graph depends on the
 traced sizes.
+
+A stack of zero layers is its final LayerNorm alone.  Zero encoder layers change nothing
+above.  Zero decoder layers leave nothing that reads the source: the encoder outputs its
+``memory`` (B, S, d_model) instead, and the step takes no source, outputs no ``attention``,
+and keeps as its state the ids fed so far, ``past_tokens`` (N, T) int64, whose length is the
+new token's position:
+
+    decoder   tokens (N,) int64, past_tokens (N, T) int64 -> logits (N, V), past_tokens_next
 """
 
 from __future__ import annotations
@@ -29,8 +37,13 @@ from .onnx_graph import _Graph, _leaf, _model, _value_info
 BATCH, STEPS, PAST = 2, 3, 4            # traced sizes: any, as long as they differ
 
 
+PAST_TOKENS = "past_tokens"             # the step's state without decoder layers: no cache to measure
+
+
 def state_names(model) -> list[str]:
     """The decoder step's state inputs (its outputs add ``_next``)."""
+    if not model.transformer.decoder.layers:
+        return [PAST_TOKENS]
     return [f"past_{kind}{layer}" for layer in range(len(model.transformer.decoder.layers))
             for kind in ("key", "value")]
 
@@ -69,6 +82,12 @@ def encoder_model(model, param_names: dict, metadata: dict):
                 id(mask): graph.node("Unsqueeze", [real, graph.ints([1, 2])])}       # (B, 1, 1, S)
     with scope(scopes.ENCODER):
         memory = model.transformer.encoder(model._embed(model.src_embed, src, positions=positions), mask=mask)
+    if not model.transformer.decoder.layers:            # nothing projects the memory: it is the output
+        (made,) = graph.emit([memory], bindings)
+        graph.output(made, "memory")
+        out_infos = [_value_info("memory", np.float32, ("B", "S", model.d_model))]
+        return _model(graph, "tinygrad_attn_transformer_encoder", [_value_info("src", np.int64, ("B", "S"))],
+                      out_infos, metadata)
     outputs = []
     for layer in model.transformer.decoder.layers:
         outputs += memory_keys(layer.multihead_attn, memory, {})
@@ -84,6 +103,8 @@ def decoder_model(model, param_names: dict, metadata: dict):
     """One decoder step: ``Transformer._cached_step`` on caches that are graph inputs."""
     from ..models.transformer import MEMORY, SELF
 
+    if not model.transformer.decoder.layers:
+        return _decoder_without_layers(model, param_names, metadata)
     graph = _Graph(param_names=param_names)
     nhead = model.config["nhead"]
     head = (BATCH, nhead, None, model.d_model // nhead)
@@ -126,6 +147,28 @@ def decoder_model(model, param_names: dict, metadata: dict):
                _value_info("attention", np.float32, ("N", "S"))]
     outputs += [_value_info(f"{name}_next", np.float32, _heads_shape(model, "T_next"))
                 for name in state_names(model)]
+    return _model(graph, "tinygrad_attn_transformer_decoder_step", inputs, outputs, metadata)
+
+
+def _decoder_without_layers(model, param_names: dict, metadata: dict):
+    """The step of a decoder of no layers, the final LayerNorm of the new token's embedding:
+    its position is the length of ``past_tokens``, which the step extends by the token."""
+    graph = _Graph(param_names=param_names)
+    tokens = _leaf(np.ones((BATCH, 1), dtype=np.int64))
+    positions = _leaf(np.zeros((1, model.d_model), dtype=np.float32))
+    step_axis = graph.ints([1])
+    column = graph.node("Unsqueeze", ["tokens", step_axis])                                # (N, 1)
+    past = graph.node("Slice", [graph.node("Shape", [PAST_TOKENS]), graph.ints([1]), graph.ints([2])])
+    bindings = {id(tokens): column,
+                id(positions): _position_rows(graph, model, past, graph.node("Add", [past, graph.ints([1])]))}
+    with scope(scopes.DECODER):
+        logits = model.out(model._cached_step(tokens, 0, None, None, [], positions=positions))   # (N, 1, V)
+    (made,) = graph.emit([logits], bindings)
+    graph.output(graph.node("Squeeze", [made, step_axis]), "logits")                       # (N, V)
+    graph.output(graph.node("Concat", [PAST_TOKENS, column], axis=1), f"{PAST_TOKENS}_next")  # (N, T + 1)
+    inputs = [_value_info("tokens", np.int64, ("N",)), _value_info(PAST_TOKENS, np.int64, ("N", "T"))]
+    outputs = [_value_info("logits", np.float32, ("N", model.config["tgt_vocab"])),
+               _value_info(f"{PAST_TOKENS}_next", np.int64, ("N", "T_next"))]
     return _model(graph, "tinygrad_attn_transformer_decoder_step", inputs, outputs, metadata)
 
 

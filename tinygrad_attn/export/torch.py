@@ -17,8 +17,10 @@ float64 over the configurations):
                  through its own weights with torch's cell kernels (what nn.GRUCell runs);
                  the four scores and Luong's tanh(W_c [c; h]) written out as the engine's.
     Transformer  nn.Transformer(batch_first=True); embeddings x sqrt(d_model) plus the
-                 engine's sinusoids (a buffer) or learned positions, then dropout; the output
-                 layer tied to the target embedding when the engine's is.
+                 engine's sinusoids (a buffer, cast from the float64 table at every dtype
+                 change) or learned positions, then dropout; the output layer tied to the
+                 target embedding when the engine's is.  A stack of zero layers is its final
+                 LayerNorm alone, as the engine's (torch's own stacks index their first layer).
 
 Dropout sits where the engine's does, at the same rates: training mode agrees in
 distribution (the draws differ).  Sources must be right-padded (padding only after the last
@@ -319,7 +321,9 @@ class TorchTransformer(nn.Module):
     parameter names; ``forward(src, tgt_in)`` returns the logits (B, T, V).
 
     ``sinusoids``: the engine model's position table (max_len, d_model), for
-    ``positions="sinusoidal"`` (``to_torch`` passes it).
+    ``positions="sinusoidal"`` (``to_torch`` passes it).  The module keeps it in float64 and
+    its ``sinusoids`` buffer is cast from that at every dtype change (``.double()``, ``.to``),
+    so a float32 twin made float64 adds the engine's float64 sinusoids, not float32 ones widened.
     """
 
     engine_class = "Transformer"
@@ -341,17 +345,32 @@ class TorchTransformer(nn.Module):
                                           custom_decoder=decoder, batch_first=True)
         self.src_embed = nn.Embedding(c["src_vocab"], c["d_model"], padding_idx=PAD)
         self.tgt_embed = nn.Embedding(c["tgt_vocab"], c["d_model"], padding_idx=PAD)
+        self._sinusoids64 = None
         if c["positions"] == "learned":
             self.position = nn.Embedding(c["max_len"], c["d_model"])
         else:
-            if sinusoids is None or sinusoids.shape != (c["max_len"], c["d_model"]):
+            if sinusoids is None or np.shape(sinusoids) != (c["max_len"], c["d_model"]):
                 raise ValueError(f"TorchTransformer: sinusoidal positions need the engine model's table "
                                  f"({c['max_len']}, {c['d_model']}) (to_torch passes it)")
-            self.register_buffer("sinusoids", torch.from_numpy(np.array(sinusoids)), persistent=False)
+            # Not a buffer, so no dtype change rounds it: _apply casts the buffer from it.
+            self._sinusoids64 = torch.from_numpy(np.array(sinusoids, dtype=np.float64))
+            self.register_buffer("sinusoids", self._sinusoids64.clone(), persistent=False)
         self.drop = nn.Dropout(c["dropout"])
         self.out = nn.Linear(c["d_model"], c["tgt_vocab"])
         if c["tie_embeddings"]:
             self.out.weight = self.tgt_embed.weight
+
+    def _apply(self, fn, *args, **kwargs):
+        """Every dtype and device change (``.to``, ``.double()``, ``.cuda()`` ...) goes through
+        here.  When it changes the sinusoids buffer's dtype, the buffer's values are cast again
+        from the float64 table, once: cast from float32 they would keep float32's rounding
+        (~1e-8) in a float64 twin."""
+        before = None if self._sinusoids64 is None else self.sinusoids.dtype
+        module = super()._apply(fn, *args, **kwargs)
+        if before is not None and self.sinusoids.dtype != before:
+            with torch.no_grad():
+                self.sinusoids.copy_(self._sinusoids64)       # in place: the buffer torch made
+        return module
 
     def embed(self, table: nn.Embedding, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
         """embed(ids) sqrt(d_model) + the positions start .. start + L - 1, dropped out."""
@@ -367,16 +386,23 @@ class TorchTransformer(nn.Module):
         return self.drop(x)
 
     def encode(self, src: torch.Tensor) -> torch.Tensor:
-        return self.transformer.encoder(self.embed(self.src_embed, src), src_key_padding_mask=src == PAD)
+        x = self.embed(self.src_embed, src)                                      # (B, S, d_model)
+        encoder = self.transformer.encoder
+        if not len(encoder.layers):          # torch's forward reads layers[0]: the norm alone
+            return encoder.norm(x)
+        return encoder(x, src_key_padding_mask=src == PAD)
 
     def decode(self, tgt_in: torch.Tensor, memory: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
         """The decoder's output (B, T, d_model): causal, target padding and source padding masked
         (torch's masks: True = may NOT attend)."""
+        x = self.embed(self.tgt_embed, tgt_in)                                   # (B, T, d_model)
+        decoder = self.transformer.decoder
+        if not len(decoder.layers):          # no layer reads the memory: the norm alone
+            return decoder.norm(x)
         length = tgt_in.shape[1]
         causal = torch.ones(length, length, dtype=torch.bool, device=tgt_in.device).triu(1)   # (T, T)
-        return self.transformer.decoder(self.embed(self.tgt_embed, tgt_in), memory, tgt_mask=causal,
-                                        tgt_key_padding_mask=tgt_in == PAD,
-                                        memory_key_padding_mask=src == PAD)
+        return decoder(x, memory, tgt_mask=causal, tgt_key_padding_mask=tgt_in == PAD,
+                       memory_key_padding_mask=src == PAD)
 
     def forward(self, src: torch.Tensor, tgt_in: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: src (B, S), tgt_in (B, T) int64, padded with 0 -> logits (B, T, V)."""
@@ -390,23 +416,31 @@ class TorchTransformer(nn.Module):
 # ---------------------------------------------------------------- conversion
 
 
+_TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.float64): torch.float64}
+
+
 def to_torch(model, dtype: torch.dtype | None = None) -> nn.Module:
     """The torch twin of an engine model, its weights copied, in the model's train/eval mode.
 
     Args:
         model: a ``ta.models.Seq2Seq`` or ``ta.models.Transformer``.
-        dtype: the twin's floating type (default ``torch.float32``; ``torch.float64`` to
-            compare with the engine to rounding).
+        dtype: the twin's floating type, a torch dtype; default the model's (a float64 model
+            gives a float64 twin, equal to the engine to rounding).
 
     Returns:
         a ``TorchSeq2Seq`` or ``TorchTransformer`` (CPU; ``.to("cuda")`` as any module).
     """
     twin_class = _twin_class(model)
+    if dtype is None:
+        dtype = _TORCH_DTYPES[np.dtype(next(iter(model.parameters())).dtype)]
+    elif not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"to_torch: dtype must be a torch floating dtype such as torch.float64, got "
+                        f"{dtype!r}")
     if twin_class is TorchTransformer:
         twin = TorchTransformer(model.config, getattr(model, "_sinusoids", None))
     else:
         twin = twin_class(model.config)
-    twin.to(torch.float32 if dtype is None else dtype)
+    twin.to(dtype)
     state = {name: torch.from_numpy(np.ascontiguousarray(value))
              for name, value in model.state_dict().items()}
     if twin.config.get("tie_embeddings"):

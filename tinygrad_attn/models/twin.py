@@ -9,8 +9,9 @@ class TorchTwin:
 
     def to_torch(self, dtype=None):
         """The same network as a ``torch.nn.Module`` of torch's own layers, with this model's
-        parameter names and weights (float32 unless ``dtype``, e.g. ``torch.float64``), whose
-        ``forward(src, tgt_in)`` returns these logits: ``tinygrad_attn.export.torch.to_torch``.
+        parameter names and weights, in this model's dtype unless ``dtype`` (a torch dtype,
+        e.g. ``torch.float32``) is given, whose ``forward(src, tgt_in)`` returns these logits:
+        ``tinygrad_attn.export.torch.to_torch``.
 
         Example:
             >>> twin = model.to_torch()                   # e.g. for DistributedDataParallel

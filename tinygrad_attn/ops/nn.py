@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from ..autograd import DeferredGrad, Example, Op, register
+from ..autograd import DeferredGrad, Example, Op, ShapeError, register
 from ..shapes import dim
 from ._common import (
     check_float,
@@ -243,6 +243,24 @@ def _embedding_grad(ids, dy, kb, rows: int, padding_idx):
 _UNSIGNED = {np.dtype(f"i{n}"): np.dtype(f"u{n}") for n in (4, 8)}
 
 
+def check_ids(where: str, ids: np.ndarray, table_shape: tuple[int, ...]) -> None:
+    """Raise ShapeError, naming ``where``, if a host array of ids holds one outside
+    [0, rows) for a table of ``table_shape``: the test every lookup makes (the Embedding op,
+    and an exported model before onnxruntime's Gather would wrap a negative id)."""
+    rows = table_shape[0]
+    # One reduction finds any id outside [0, rows) in 32- and 64-bit ids: read as
+    # unsigned, a negative is at least 2^31, more rows than any table has.
+    unsigned = _UNSIGNED.get(ids.dtype)
+    if unsigned is not None:
+        bad = ids.size and np.maximum.reduce(ids.view(unsigned), axis=None) >= rows
+    else:
+        bad = ids.size and (ids.min() < 0 or ids.max() >= rows)
+    if bad:
+        low, high = ids.min(), ids.max()
+        bad = int(low) if low < 0 else int(high)
+        raise ShapeError(f"{where}: id {bad} is outside [0, {rows}) for weight of shape {table_shape}")
+
+
 @register
 class Embedding(Op):
     """y[...] = weight[ids[...]]: a row lookup; the row ``padding_idx`` gets no gradient."""
@@ -264,18 +282,8 @@ class Embedding(Op):
         rows = weight.shape[0]
         if self.padding_idx is not None and not 0 <= self.padding_idx < rows:
             self.fail(f"padding_idx {self.padding_idx} is outside [0, {rows})")
-        host_ids = self.backend.to_numpy(ids)    # on the host: a device array has no min()
-        # One reduction finds any id outside [0, rows) in 32- and 64-bit ids: read as
-        # unsigned, a negative is at least 2^31, more rows than any table has.
-        unsigned = _UNSIGNED.get(host_ids.dtype)
-        if unsigned is not None:
-            bad = host_ids.size and np.maximum.reduce(host_ids.view(unsigned), axis=None) >= rows
-        else:
-            bad = host_ids.size and (host_ids.min() < 0 or host_ids.max() >= rows)
-        if bad:
-            low, high = host_ids.min(), host_ids.max()
-            bad = int(low) if low < 0 else int(high)
-            self.fail(f"id {bad} is outside [0, {rows}) for weight of shape {tuple(weight.shape)}")
+        # On the host: a device array has no min().
+        check_ids(self.name, self.backend.to_numpy(ids), tuple(weight.shape))
         self.saved = (rows, ids)
         return self.backend.embedding(weight, ids)
 
