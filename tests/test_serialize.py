@@ -234,6 +234,86 @@ def test_interrupt_during_save_leaves_no_file(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
+# ---------------------------------------------------------------- links and special files
+
+
+needs_posix = pytest.mark.skipif(os.name != "posix", reason="symbolic links and FIFOs as on POSIX")
+
+
+@needs_posix
+def test_save_through_a_link_writes_its_target_atomically_and_keeps_the_link(tmp_path):
+    (tmp_path / "runs").mkdir()
+    target = tmp_path / "runs" / "real.ckpt"
+    ta.save({"step": 1}, target)
+    os.chmod(target, 0o640)
+    link = tmp_path / "latest.ckpt"
+    link.symlink_to(os.path.join("runs", "real.ckpt"))          # relative, as ln -s makes them
+    ta.save({"step": 2}, link)
+    assert link.is_symlink() and os.readlink(link) == os.path.join("runs", "real.ckpt")
+    assert ta.load(target) == {"step": 2}
+    assert oct(os.stat(target).st_mode & 0o777) == oct(0o640)
+    assert sorted(os.listdir(tmp_path / "runs")) == ["real.ckpt"] and sorted(os.listdir(tmp_path)) == [
+        "latest.ckpt", "runs"]
+
+
+@needs_posix
+def test_save_through_a_dangling_link_creates_its_target(tmp_path):
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "new.ckpt")
+    ta.save({"x": np.ones(2)}, link)
+    assert link.is_symlink()
+    np.testing.assert_array_equal(ta.load(tmp_path / "new.ckpt")["x"], np.ones(2))
+
+
+@needs_posix
+def test_a_read_only_target_behind_a_link_is_kept(tmp_path):
+    target = tmp_path / "kept.ckpt"
+    ta.save({"step": 1}, target)
+    os.chmod(target, 0o444)
+    link = tmp_path / "link.ckpt"
+    link.symlink_to(target)
+    with pytest.raises(PermissionError, match="read-only"):
+        ta.save({"step": 2}, link)
+    assert ta.load(target) == {"step": 1} and link.is_symlink()
+
+
+@needs_posix
+def test_write_text_to_a_fifo_feeds_its_reader_and_leaves_the_fifo(tmp_path):
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    serialize.write_text(fifo, "one\ntwo\n", "test")
+    reader.join(timeout=30)
+    if reader.is_alive():
+        with open(fifo, "wb"):
+            pass
+    assert received == [b"one\ntwo\n"] and fifo.is_fifo()
+    assert os.listdir(tmp_path) == ["pipe"]
+
+
+@needs_posix
+def test_a_checkpoint_streamed_through_a_fifo_loads_back(tmp_path):
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    state = {"w": np.arange(6.0).reshape(2, 3), "step": 3}
+    ta.save(state, fifo)
+    reader.join(timeout=30)
+    if reader.is_alive():
+        with open(fifo, "wb"):
+            pass
+    (tmp_path / "copy.ckpt").write_bytes(received[0])
+    assert_same(ta.load(tmp_path / "copy.ckpt"), state)
+
+
 # ---------------------------------------------------------------- errors while saving
 
 

@@ -78,6 +78,121 @@ def test_train_resumed_after_ctrl_c_ends_bitwise_equal_to_uninterrupted(tmp_path
     assert [line["step"] for line in evaluations("a.jsonl")] == [4, 8, 12]
 
 
+class _TestTerminated(Exception):
+    """What the test's own SIGTERM handler raises: train must have replaced it while it runs."""
+
+
+def test_train_resumed_after_sigterm_ends_bitwise_equal_and_restores_the_handler(tmp_path):
+    task = small_task()
+    straight = small_model(task)
+    ta.models.train(straight, task, **RUN, checkpoint=tmp_path / "a.ckpt")
+
+    def sigterm_at_step_5(record):
+        if record["step"] == 5:
+            os.kill(os.getpid(), signal.SIGTERM)       # what timeout, a scheduler or a container stop send
+
+    def own_handler(signum, frame):
+        raise _TestTerminated
+
+    previous = signal.signal(signal.SIGTERM, own_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM.*step 5") as stop:
+            ta.models.train(small_model(task), task, **RUN, checkpoint=tmp_path / "b.ckpt",
+                            callback=sigterm_at_step_5)
+        assert signal.getsignal(signal.SIGTERM) is own_handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stop.value.signal == signal.SIGTERM
+    model, info = ta.models.load_checkpoint(tmp_path / "b.ckpt")
+    assert info.training["step"] == 5
+    ta.models.train(model, task, steps=12, checkpoint=tmp_path / "b.ckpt", resume=True)
+    assert_same_weights(weights(model), weights(straight))
+    last_a = ta.models.load_checkpoint(tmp_path / "a.ckpt")[1].training
+    last_b = ta.models.load_checkpoint(tmp_path / "b.ckpt")[1].training
+    assert_same_weights(last_a["model"], last_b["model"])
+
+
+def test_train_stops_at_a_non_finite_loss_naming_the_step_and_keeps_the_last_finite_checkpoint(tmp_path):
+    task = small_task()
+    model = small_model(task)
+    optimizer = ta.optim.Adam(model.parameters(), lr=1e-2)
+    seen = {}
+
+    def diverge_after_step_4(record):
+        seen[record["step"]] = weights(model)
+        if record["step"] == 4:
+            optimizer.lr = 1e30                        # step 5 moves every weight by about 1e30
+
+    # Step 5's update or step 6's makes the weights huge, then infinite: the run stops at the
+    # first loss or weight that is not finite, at step 5 or 6, before saving at step 6.
+    stopped = r"train: the (loss is -?(nan|inf) at|weights are not finite after) step [56] "
+    with pytest.raises(FloatingPointError, match=stopped) as failure:
+        ta.models.train(model, task, steps=12, batch_size=8, eval_every=2, optimizer=optimizer,
+                        checkpoint=tmp_path / "run.ckpt", callback=diverge_after_step_4)
+    assert "step 4" in str(failure.value)              # where the checkpoint stands
+    _, info = ta.models.load_checkpoint(tmp_path / "run.ckpt")
+    assert info.training["step"] == 4
+    assert_same_weights(info.training["model"], seen[4])
+
+    def refuse(constant):
+        raise ValueError(constant)
+
+    lines = (tmp_path / "run.jsonl").read_text().splitlines()
+    assert [json.loads(line, parse_constant=refuse)["step"] for line in lines] == [2, 4]
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"checkpoint": "a folder"}, "checkpoint"),
+    ({"checkpoint": "missing/run.ckpt"}, "checkpoint"),
+    ({"checkpoint": "run.jsonl"}, "its own log"),
+    ({"eval_batch_size": 0}, "eval_batch_size must be >= 1"),
+    ({"eval_batch_size": 2.0}, "eval_batch_size must be an int"),
+    ({"time_limit": -1.0}, "time_limit"),
+    ({"time_limit": math.nan}, "time_limit"),
+    ({"callback": 3}, "callback must be callable"),
+    ({"optimizer": "adam"}, "optimizer"),
+    ({"extras": [1]}, "extras must be a dict"),
+    ({"resume": "yes"}, "resume must be a bool"),
+    ({"restore_best": None}, "restore_best must be a bool"),
+    ({"patience": 1.5}, "patience must be an int"),
+    ({"warmup": -1}, "warmup must be >= 0"),
+    ({"seed": True}, "seed must be an int"),
+    ({"clip": math.nan}, "clip"),
+    ({"task": "not a task"}, "task must be a ta.data.Task"),
+    ({"model": "not a model"}, "model must be"),
+])
+def test_train_checks_every_argument_before_the_first_step(options, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a folder").mkdir()
+    task = small_task()
+    arguments = {"model": small_model(task), "task": task, "steps": 3, "batch_size": 8, **options}
+    steps = []
+    if "callback" not in options:
+        arguments["callback"] = steps.append
+    with pytest.raises((TypeError, ValueError), match=message):
+        ta.models.train(**arguments)
+    assert steps == []
+
+
+def test_train_refuses_pairs_longer_than_the_transformer_position_table_before_the_first_step():
+    task = small_task()                                  # sources of 4 tokens, targets of 4 (+1)
+    steps = []
+    for split in ("train", "valid"):
+        pairs = list(getattr(task, split))
+        pairs[3] = (list("abcdef"), pairs[3][1])         # 6 source tokens
+        longer = ta.data.Task("reverse", pairs if split == "train" else task.train, task.test,
+                              task.src_vocab, task.tgt_vocab, "char",
+                              valid=pairs if split == "valid" else task.valid)
+        ta.manual_seed(0)
+        model = ta.models.Transformer(task.src_vocab, task.tgt_vocab, d_model=8, nhead=2,
+                                      num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=16,
+                                      max_len=5)
+        with pytest.raises(ValueError, match=f"{split}.* 6 tokens.*max_len=5"):
+            ta.models.train(model, longer, steps=2, batch_size=8, eval_every=2, callback=steps.append)
+    assert steps == []
+    ta.models.train(model, task, steps=1, batch_size=8)     # 4 tokens, 5 with <start>: they fit
+
+
 def test_train_resume_needs_the_same_model_and_a_training_state(tmp_path):
     task = small_task()
     ta.models.train(small_model(task), task, steps=2, batch_size=8, eval_every=0,
@@ -160,7 +275,7 @@ def test_train_validates_by_default_when_the_task_has_validation_pairs():
     ({"schedule": "linear"}, "schedule must be one of"),
     ({"lr": math.inf}, "lr must be a finite number"),
     ({"clip": -1.0}, "clip must be"),
-    ({"steps": 0}, "steps must be an int"),
+    ({"steps": 0}, "steps must be >= 1"),
 ])
 def test_train_rejects_bad_settings(options, message):
     task = small_task()

@@ -27,7 +27,8 @@ foreign or crafted file comes near these limits.
 Writing is atomic: the archive goes to a temporary file next to ``path``, is flushed and
 fsync'ed, and only then renamed over ``path``; on any error the temporary file is removed
 and a file already at ``path`` is left untouched.  The file is written exactly at ``path``
-(no ``.npz`` is appended, unlike ``np.savez``).
+(no ``.npz`` is appended, unlike ``np.savez``).  A symbolic link at ``path`` is written
+through to its target (the link stays); a FIFO or a device is written in place.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import json
 import math
 import os
 import stat
+import sys
 import uuid
 import zipfile
 
@@ -131,8 +133,9 @@ def save(obj, path) -> None:
         obj: a Module (its state_dict is saved), an array or Tensor, or nested dicts, lists
             and tuples of those and of str, int, float, bool and None.
         path: the file to write, exactly as given (no suffix is added); its directory must
-            exist.  A symbolic link at ``path`` is replaced by the new file (its target stays
-            as it was), as with any write-then-rename.
+            exist.  A symbolic link at ``path`` is written through (its target gets the new
+            file, atomically; the link stays); a FIFO or another file that is not a regular
+            file is written in place (see ``atomic_file``).
 
     Example:
         >>> ta.save({"model": model, "optimizer": opt.state_dict(), "step": 1200}, "ckpt.npz")
@@ -152,6 +155,16 @@ def atomic_file(path, where: str):
     beside ``path`` under a hidden temporary name, flushed and fsync'ed, then renamed over
     ``path``; on any error it is removed and a file already at ``path`` stays as it was.
 
+    What ``path`` names decides how it is written:
+        * a symbolic link is written through: the new file replaces the link's target
+          (atomically, beside the target), and the link stays; a dangling link creates its
+          target;
+        * this process's standard output or error (``/dev/stdout``, ``/proc/self/fd/2``, or the
+          file the shell redirected it to) is written through the stream, after what was
+          printed to it;
+        * a FIFO, a terminal or another file that is not a regular file is opened and written
+          in place (nothing can be renamed over it; its reader sees the bytes as they come).
+
     Example:
         >>> with atomic_file("hyps.txt", "evaluate") as file:
         ...     file.write("".join(line + "\\n" for line in lines).encode("utf-8"))
@@ -159,14 +172,27 @@ def atomic_file(path, where: str):
     path = os.fspath(path)
     if not path or path.endswith(os.sep) or os.path.isdir(path):
         raise IsADirectoryError(f"{where}: {path!r} names no file (a path to a file is needed)")
-    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        status = os.stat(path)           # through links, as open() sees the file
+    except FileNotFoundError:
+        status = None                    # nothing there yet, or a dangling link
+    if status is not None and (not stat.S_ISREG(status.st_mode) or _standard_stream(status) is not None):
+        with _in_place(path, status) as file:
+            yield file
+        return
+    # The link's target is the file to replace; the temporary file goes beside it so the rename
+    # stays within one file system.
+    target = os.path.realpath(path)
+    directory = os.path.dirname(target)
     if not os.path.isdir(directory):
-        raise FileNotFoundError(f"{where}: cannot write {path!r}: the folder {directory!r} does not exist")
-    if os.path.exists(path) and (not os.access(path, os.W_OK) or not os.stat(path).st_mode & 0o222):
+        through = "" if target == os.path.abspath(path) else f" (the link leads to {target!r})"
+        raise FileNotFoundError(f"{where}: cannot write {path!r}: the folder {directory!r} does not "
+                                f"exist{through}")
+    if status is not None and (not os.access(target, os.W_OK) or not status.st_mode & 0o222):
         # The rename would replace it all the same: a read-only file is kept, as open() would
         # (the mode bits too, which root's access() ignores).
         raise PermissionError(f"{where}: {path!r} is read-only; make it writable or write elsewhere")
-    temporary = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
+    temporary = os.path.join(directory, f".{os.path.basename(target)}.{uuid.uuid4().hex[:12]}.tmp")
     # O_EXCL: never reuse a file someone else made.  0o600 while it is written; the final
     # mode (an old file's, else what open() would give) is set just before the rename.
     try:
@@ -186,13 +212,43 @@ def atomic_file(path, where: str):
             file.flush()
             os.fsync(file.fileno())
         with contextlib.suppress(OSError):
-            os.chmod(temporary, _final_mode(path))
-        os.replace(temporary, path)
+            os.chmod(temporary, _final_mode(target))
+        os.replace(temporary, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
     _fsync_directory(directory)
+
+
+def _standard_stream(status: os.stat_result):
+    """(stream, descriptor) of this process's standard output or error when ``status`` is
+    the file behind it, else None."""
+    for stream, number in ((sys.stdout, 1), (sys.stderr, 2)):
+        try:
+            if os.path.samestat(status, os.fstat(number)):
+                return stream, number
+        except OSError:              # no such descriptor (a daemon, some IDEs)
+            continue
+    return None
+
+
+@contextlib.contextmanager
+def _in_place(path: str, status: os.stat_result):
+    """A file that is not to be replaced (a FIFO, a terminal, this process's standard output
+    or error), opened for writing where it is."""
+    standard = _standard_stream(status)
+    if standard is not None:
+        stream, number = standard
+        # A duplicate of the descriptor shares its offset: the bytes follow what was printed,
+        # and a file the shell redirected the stream to is written on, not replaced.
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            stream.flush()
+        with os.fdopen(os.dup(number), "wb") as file:
+            yield file
+        return
+    with open(path, "wb") as file:
+        yield file
 
 
 def write_text(path, text: str, where: str) -> None:

@@ -13,7 +13,10 @@
 
 ``python -m tinygrad_attn ...`` runs the same.  ``main(argv)`` returns the exit status instead
 of exiting, so tests call it in-process.  Bad input (a missing or damaged checkpoint or data
-file, an unknown task, characters a vocabulary lacks) ends with one line on stderr and status 2.
+file, an unknown task, characters a vocabulary lacks, an output that is one of the inputs, a
+source longer than a Transformer's position table, a run whose loss is no longer finite) ends
+with one line on stderr and status 2.  Ctrl-C or SIGTERM during training saves a resumable
+checkpoint, then ends with status 130 or 143.
 
 One module per command (``add_parser`` and ``run``); ``common`` holds what they share.
 Nothing in the engine imports this package (nor tqdm): ``import tinygrad_attn`` stays lean.
@@ -22,6 +25,7 @@ Nothing in the engine imports this package (nor tqdm): ``import tinygrad_attn`` 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import warnings
 
@@ -69,8 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tinygrad-attn {args.command}: error: {err}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt as stop:
+        # 128 + the signal's number, as a shell reports a process the signal ended: 130 for
+        # Ctrl-C, 143 for SIGTERM (training saves first and says which signal it was).
         print(f"tinygrad-attn {args.command}: {stop or 'interrupted'}", file=sys.stderr)
-        return 130
+        return 128 + getattr(stop, "signal", signal.SIGINT)
 
 
 def _one_line_warning(command: str):

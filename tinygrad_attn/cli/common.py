@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -52,12 +53,13 @@ probability = number_type(float, lambda v: 0 <= v < 1, "a number in [0, 1)")
 
 
 TRAIN_MODEL = dict(cell="gru", attention="additive", style="bahdanau", embed=64, hidden=128, layers=1)
-# The Transformer's (--arch transformer): --layers counts encoder and decoder layers each.
-TRANSFORMER_MODEL = dict(d_model=128, heads=4, ff=512, layers=2)
+# The Transformer's (--arch transformer): --layers counts encoder and decoder layers each;
+# --max-len sizes the position table (the longest source or target with <start> it takes).
+TRANSFORMER_MODEL = dict(d_model=128, heads=4, ff=512, layers=2, max_len=512)
 ARCHS = ("seq2seq", "transformer")
 # Which model options belong to which architecture (given with the other, they are an error).
 SEQ2SEQ_FLAGS = ("cell", "attention", "style", "embed", "hidden", "bidirectional")
-TRANSFORMER_FLAGS = ("d_model", "heads", "ff")
+TRANSFORMER_FLAGS = ("d_model", "heads", "ff", "max_len")
 
 
 def add_model_options(parser: argparse.ArgumentParser, defaults: dict, when: str = "",
@@ -158,6 +160,10 @@ def add_transformer_options(parser: argparse.ArgumentParser) -> None:
                              f"(default {TRANSFORMER_MODEL['heads']})")
     parser.add_argument("--ff", type=positive_int, default=None,
                         help=f"transformer: feed-forward size (default {TRANSFORMER_MODEL['ff']})")
+    parser.add_argument("--max-len", type=positive_int, default=None, metavar="N",
+                        help=f"transformer: the position table's size, the longest source (and target "
+                             f"with <start>) the model can read, now and when it translates "
+                             f"(default {TRANSFORMER_MODEL['max_len']}; longer data is refused)")
 
 
 def check_arch_flags(args, arch: str) -> None:
@@ -184,16 +190,86 @@ def build_model(src_vocab, tgt_vocab, arch: str = "seq2seq", **config):
 
 
 def writable(path: Path, flag: str = "--out") -> Path:
-    """Check an output file can be written before the work, not after it."""
+    """Check an output file can be written before the work, not after it, as the writes do
+    it (``ta.serialize.atomic_file``): through a link to its target, in place for a FIFO or
+    a device, else beside the file and renamed over it."""
     if path.is_dir():
         raise UsageError(f"{flag} {path} is a directory; give a file name")
+    if path.exists() and not path.is_file():
+        return path                                  # a FIFO, a terminal, /dev/null
+    target = Path(os.path.realpath(path))
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UsageError(f"cannot create the directory of {flag} {path}: {err}") from None
-    if not os.access(path.parent, os.W_OK):
-        raise UsageError(f"cannot write to {path.parent} (for {flag} {path})")
+    if not os.access(target.parent, os.W_OK):
+        raise UsageError(f"cannot write to {target.parent} (for {flag} {path})")
+    if target.exists() and (not os.access(target, os.W_OK) or not target.stat().st_mode & 0o222):
+        raise UsageError(f"{flag} {path} is read-only")
     return path
+
+
+def regular_output(path: Path, flag: str, why: str) -> Path:
+    """``writable``, and a regular file (or a link to one, or nothing yet): for outputs the
+    command reads back or writes more than once."""
+    writable(path, flag)
+    if path.exists() and not stat.S_ISREG(os.stat(path).st_mode):
+        raise UsageError(f"{flag} {path} is not a regular file ({why})")
+    return path
+
+
+def same_file(a, b) -> bool:
+    """Whether two paths name one file, links resolved (also when neither exists yet)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def refuse_inputs(output, described: str, inputs) -> None:
+    """Refuse an output that is one of the run's inputs (links resolved): writing it would
+    destroy what the run reads.  ``described``: the output as the message names it ("--out
+    run.ckpt"); ``inputs``: (what, path) pairs, e.g. ("--data pairs.tsv", "pairs.tsv")."""
+    for what, path in inputs:
+        if path is not None and same_file(output, path):
+            raise UsageError(f"{described} is the same file as {what}, an input of this run: writing "
+                             f"it would destroy it; choose another path")
+
+
+def source_files(source: dict | None) -> list[tuple[str, str]]:
+    """The files of pairs a run recorded in its checkpoint, as (what, path) pairs."""
+    source = source or {}
+    return [(f"the run's {name} file {source[name]}", source[name]) for name in ("data", "valid", "test")
+            if source.get(name)]
+
+
+def inputs_of(flags: dict) -> list[tuple[str, str]]:
+    """{flag: path} -> (what, path) pairs for ``refuse_inputs``."""
+    return [(f"{flag} {path}", path) for flag, path in flags.items() if path is not None]
+
+
+def table_size(model) -> int | None:
+    """The longest source ``model`` reads (a Transformer's position table); None: no limit."""
+    return None if model is None else model.max_src_len
+
+
+def check_length(tokens, model, what: str) -> None:
+    """Refuse a source longer than the model's position table, before any work."""
+    limit = table_size(model)
+    if limit is not None and len(tokens) > limit:
+        raise UsageError(f"{what} has {len(tokens)} tokens, more than the model's position table holds "
+                         f"(max_len {limit}); shorten it, or train a model with --max-len {len(tokens)} "
+                         f"or more")
+
+
+@contextmanager
+def model_errors():
+    """An input the checks above did not foresee, which the model refuses (ShapeError and
+    other ValueErrors name the op and the shapes), as one line rather than a traceback."""
+    try:
+        yield
+    except ValueError as err:
+        raise UsageError(str(err)) from None
 
 
 # ---------------------------------------------------------------- checkpoints and sources
@@ -216,16 +292,19 @@ def load_checkpoint(path: str):
                          f"({type(err).__name__}: {err})") from None
 
 
-def check_source(text: str, info) -> None:
-    """Fail with the tokens the source vocabulary lacks (they would become <unk>)."""
+def check_source(text: str, info, model=None) -> None:
+    """Fail with the tokens the source vocabulary lacks (they would become <unk>), or when
+    ``model``'s position table is too short for the text."""
     tokens = info.tokenize(text)
     if not tokens:
         raise UsageError(f"{text!r} has nothing to translate")
+    shown = text if len(text) <= 40 else text[:37] + "..."
+    check_length(tokens, model, f"{shown!r}")
     missing = list(dict.fromkeys(t for t in tokens if t not in info.src_vocab))
     if not missing:
         return
     kind = "characters" if info.level == "char" else "words"
-    known = [t for t in info.src_vocab.tokens if not t.startswith("<")]
+    known = info.src_vocab.tokens[len(ta.data.SPECIALS):]
     shown = "".join(known) if info.level == "char" else f"{len(known)} words"
     raise UsageError(f"{text!r} has {kind} the {info.name} model's source vocabulary lacks: "
                      f"{', '.join(repr(t) for t in missing)} (it knows: {shown})")

@@ -4,6 +4,7 @@ with the field's metrics."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import tinygrad_attn as ta
@@ -15,9 +16,14 @@ from .common import (
     add_beam,
     add_threads,
     beam_options,
+    check_length,
+    inputs_of,
     load_checkpoint,
+    model_errors,
     positive_int,
+    refuse_inputs,
     set_threads,
+    source_files,
     writable,
 )
 from .train import format_metrics, task_from_source
@@ -41,7 +47,8 @@ def add_parser(commands) -> None:
     evaluate.add_argument("--batch-size", type=positive_int, default=256, help="sources decoded at once")
     evaluate.add_argument("--output", default=None, metavar="PATH",
                           help="write one hypothesis per pair of the data, in its order (blank lines "
-                               "have none), detokenized as the data was written")
+                               "have none), detokenized as the data was written; '-': to standard "
+                               "output, the report going to standard error")
     evaluate.add_argument("--json", action="store_true",
                           help="print exactly one JSON object: n, exact_match, token_error_rate, bleu, "
                                "chrf (and wer)")
@@ -50,30 +57,44 @@ def add_parser(commands) -> None:
 
 
 def run(args) -> int:
-    output = None if args.output is None else writable(Path(args.output), flag="--output")
+    to_stdout = args.output == "-"
+    output = None if args.output is None or to_stdout else writable(Path(args.output), flag="--output")
     model, info = load_checkpoint(args.checkpoint)
     pairs, where = _pairs(args, info)
+    if output is not None:
+        inputs = inputs_of({"CHECKPOINT": args.checkpoint, "--data": args.data})
+        refuse_inputs(output, f"--output {output}",
+                      inputs if args.data is not None else inputs + source_files(info.extras.get("source")))
+    for number, (source, _) in enumerate(pairs, start=1):
+        check_length(source, model, f"the source of pair {number} of {where}")
     set_threads(args.threads)
     decoding = beam_options(args)
-    metrics, rows = ta.models.evaluate(model, pairs, info.src_vocab, info.tgt_vocab,
-                                       batch_size=args.batch_size, max_len=args.max_len, **decoding,
-                                       return_outputs=True)
-    if output is not None:
+    with model_errors():
+        metrics, rows = ta.models.evaluate(model, pairs, info.src_vocab, info.tgt_vocab,
+                                           batch_size=args.batch_size, max_len=args.max_len, **decoding,
+                                           return_outputs=True)
+    if output is not None or to_stdout:
         hypotheses = {tuple(source): info.detokenize(tokens) for source, tokens, _ in rows}
-        lines = [hypotheses[tuple(source)] for source, _ in pairs]
-        try:
-            write_text(output, "".join(line + "\n" for line in lines), "evaluate")
-        except OSError as err:
-            raise UsageError(f"could not write --output {output}: {err}") from None
+        text = "".join(hypotheses[tuple(source)] + "\n" for source, _ in pairs)
+        if to_stdout:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+        else:
+            try:
+                write_text(output, text, "evaluate")
+            except OSError as err:
+                raise UsageError(f"could not write --output {output}: {err}") from None
+    # With the hypotheses on standard output, what would be printed goes to standard error.
+    report = sys.stderr if to_stdout else sys.stdout
     if args.json:
-        print(json.dumps(metrics))
+        print(json.dumps(metrics), file=report)
         return EXIT_OK
     search = "greedy" if args.beam is None else \
         f"beam {args.beam}, length penalty {decoding['length_penalty']:g}"
-    print(f"{args.checkpoint} on {where}, {search}: {format_metrics(metrics)}")
+    print(f"{args.checkpoint} on {where}, {search}: {format_metrics(metrics)}", file=report)
     refs = [targets if len(targets) > 1 else targets[0] for _, _, targets in rows]
     for name, signature in ta.metrics.signatures(refs).items():
-        print(f"  {name} signature: {signature}")
+        print(f"  {name} signature: {signature}", file=report)
     if output is not None:
         print(f"wrote {len(pairs)} hypotheses to {output}")
     return EXIT_OK

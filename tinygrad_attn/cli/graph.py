@@ -16,7 +16,10 @@ from .common import (
     build_model,
     check_source,
     load_checkpoint,
+    model_errors,
     positive_int,
+    refuse_inputs,
+    source_files,
     writable,
 )
 from .train import task_from_source
@@ -91,7 +94,7 @@ def run(args) -> int:
     if args.checkpoint is None:
         loss, what = _untrained_loss(args)
     else:
-        loss, what = _checkpoint_loss(args)
+        loss, what = _checkpoint_loss(args, out)
     if args.values:
         loss.backward()                 # so the labels can show gradients too
     viz = ta.viz
@@ -141,23 +144,29 @@ def _untrained_loss(args):
     return loss, what
 
 
-def _checkpoint_loss(args):
+def _checkpoint_loss(args, out: Path):
     """The loss of a checkpoint's model on TEXT, teacher-forced on its own greedy output."""
     given = [f"--{name.replace('_', '-')}" for name in _CONFIG_FLAGS if getattr(args, name) is not None]
     if given:
         raise UsageError(f"{', '.join(given)} describe the untrained model drawn without a CHECKPOINT; "
                          f"{args.checkpoint} brings its own model (use --text for the source)")
+    inputs = [(f"CHECKPOINT {args.checkpoint}", args.checkpoint)]
+    refuse_inputs(out, f"--out {out}", inputs)
     model, info = load_checkpoint(args.checkpoint)
+    if args.text is None:            # the task's files are read for a sample
+        refuse_inputs(out, f"--out {out}", source_files(info.extras.get("source")))
     text = args.text if args.text is not None else _first_held_out(info, args.checkpoint)
-    check_source(text, info)
+    check_source(text, info, model)
     source = info.tokenize(text)
     src = ta.data.encode_batch([source], info.src_vocab)                      # (1, S)
-    ids, _ = model.greedy(src, max_len=args.tgt_len or 50)                     # (1, L)
+    with model_errors():
+        ids, _ = model.greedy(src, max_len=args.tgt_len or 50)                 # (1, L)
     row = ids[0]
     ends = np.flatnonzero(row == ta.data.END)
     tgt_out = row[: ends[0] + 1] if ends.size else row                         # the output, <end> included
     tgt_in = np.concatenate([[ta.data.START], tgt_out[:-1]])
-    loss = model.loss(src, tgt_in[None, :], tgt_out[None, :])
+    with model_errors():
+        loss = model.loss(src, tgt_in[None, :], tgt_out[None, :])
     output = info.detokenize(info.tgt_vocab.decode(tgt_out))
     what = (f"{info.name} model ({model.extra_repr()}): {text!r} -> {output!r}, teacher-forced on its "
             f"greedy output: {len(source)} source steps, {len(tgt_out)} decoder steps, "

@@ -4,6 +4,7 @@ pairs, validated, checkpointed and resumable."""
 from __future__ import annotations
 
 import hashlib
+import inspect
 import sys
 from pathlib import Path
 
@@ -21,14 +22,18 @@ from .common import (
     add_transformer_options,
     build_model,
     check_arch_flags,
+    inputs_of,
     load_checkpoint,
     non_negative_int,
     number_type,
     positive_float,
     positive_int,
     probability,
+    refuse_inputs,
+    regular_output,
+    same_file,
     set_threads,
-    writable,
+    source_files,
 )
 
 TOKENS = ("char", "space")
@@ -36,11 +41,15 @@ TOKENS = ("char", "space")
 # takes minutes (and attention over them is quadratic).
 MAX_LENGTH = 1000
 sequence_length = number_type(int, lambda v: 1 <= v <= MAX_LENGTH, f"an integer from 1 to {MAX_LENGTH}")
-# Given with --resume, these would contradict the run saved in the checkpoint.
-_RUN_FLAGS = ("task", "data", "valid", "test", "src_tokens", "tgt_tokens", "length", "stress", "arch", "cell",
+# What a checkpoint records of its run: given with --resume, each must have the run's value.
+_DATA_FLAGS = ("data", "valid", "test")
+_SETTING_FLAGS = ("batch_size", "lr", "seed", "eval_every", "patience", "schedule", "warmup", "clip",
+                  "bucket")
+_RUN_FLAGS = ("task", *_DATA_FLAGS, "src_tokens", "tgt_tokens", "length", "stress", "arch", "cell",
               "attention", "style", "embed", "hidden", "layers", "bidirectional", "d_model", "heads", "ff",
-              "dropout", "batch_size", "lr", "seed", "eval_every", "patience", "schedule", "warmup", "clip",
-              "bucket")
+              "max_len", "dropout", *_SETTING_FLAGS)
+# Training writes the checkpoint many times and reads it back: a FIFO or a device cannot hold it.
+_REREAD = "training writes the checkpoint many times and reads it back"
 DEFAULTS = dict(TRAIN_MODEL, dropout=0.0, batch_size=64, lr=3e-3, seed=0, schedule="constant", warmup=0,
                 clip=1.0, steps=1500, bucket=1)
 
@@ -72,7 +81,7 @@ def add_parser(commands) -> None:
     model.add_argument("--arch", choices=ARCHS, default=None,
                        help="seq2seq: an RNN encoder-decoder with attention (the options below up to "
                             "--bidirectional); transformer: the Transformer (--d-model, --heads, --ff, "
-                            "--layers, default 2 each) (default seq2seq)")
+                            "--max-len; --layers default 2) (default seq2seq)")
     add_model_options(model, TRAIN_MODEL, unset=True)
     add_transformer_options(model)
     model.add_argument("--dropout", type=probability, default=None, help="default 0")
@@ -102,7 +111,9 @@ def add_parser(commands) -> None:
                      help="the checkpoint (default checkpoints/<task>-<cell>-<attention>.ckpt); its "
                           "evaluations are logged next to it as .jsonl")
     run.add_argument("--resume", default=None, metavar="CKPT",
-                     help="continue the run saved in CKPT, up to --steps, with its own data and settings")
+                     help="continue the run saved in CKPT, up to --steps, with its own data and settings "
+                          "(the command that started it may be repeated: its data, model and training "
+                          "flags must have the run's values)")
     run.add_argument("--no-progress", action="store_true",
                      help="no progress bar (without a terminal, progress is printed as lines anyway)")
     add_threads(train)
@@ -181,7 +192,6 @@ def run_train(args) -> int:
     settings = {name: getattr(args, name) if getattr(args, name) is not None else DEFAULTS[name]
                 for name in DEFAULTS}
     source = _source_of(args)
-    task = task_from_source(source)              # bad data fails before anything is created
     arch = args.arch or "seq2seq"
     check_arch_flags(args, arch)
     if arch == "transformer":
@@ -191,15 +201,19 @@ def run_train(args) -> int:
     else:
         name = f"{settings['cell']}-{settings['attention']}"
     stem = source.get("task") or Path(source["data"]).stem
-    out = writable(Path(args.out or f"checkpoints/{stem}-{name}.ckpt"))
+    out = Path(args.out or f"checkpoints/{stem}-{name}.ckpt")
+    _check_outputs(out, inputs_of({"--data": args.data, "--valid": args.valid, "--test": args.test}))
+    task = task_from_source(source)              # bad data fails before anything is created
+    option = {key: getattr(args, key) or value for key, value in TRANSFORMER_MODEL.items()}
+    if arch == "transformer":
+        _check_position_table(task, option["max_len"])
     threads = set_threads(args.threads)
     ta.manual_seed(settings["seed"])
     if arch == "transformer":
-        option = {key: getattr(args, key) or value for key, value in TRANSFORMER_MODEL.items()}
         model = build_model(task.src_vocab, task.tgt_vocab, arch, d_model=option["d_model"],
                             nhead=option["heads"], num_encoder_layers=settings["layers"],
                             num_decoder_layers=settings["layers"], dim_feedforward=option["ff"],
-                            dropout=settings["dropout"])
+                            dropout=settings["dropout"], max_len=option["max_len"])
     else:
         attention = None if settings["attention"] == "none" else settings["attention"]
         model = build_model(task.src_vocab, task.tgt_vocab, embed=settings["embed"],
@@ -207,6 +221,7 @@ def run_train(args) -> int:
                             style=settings["style"],
                             num_layers=settings["layers"], dropout=settings["dropout"],
                             bidirectional=bool(args.bidirectional))
+    regular_output(out, "--out", _REREAD)        # creates its folder: only once the model is built
     _describe(task, model, threads)
     options = dict(steps=settings["steps"], batch_size=settings["batch_size"], lr=settings["lr"],
                    clip=settings["clip"], seed=settings["seed"], schedule=settings["schedule"],
@@ -215,28 +230,118 @@ def run_train(args) -> int:
     return _run(model, task, out, source, options, args, resume=False)
 
 
+def _check_outputs(out: Path, inputs) -> None:
+    """The checkpoint and its log must not be the run's inputs, nor one another."""
+    log = ta.models.log_path(out)
+    if same_file(log, out):
+        raise UsageError(f"--out {out} would also be its own log ({log}); give it another suffix, e.g. .ckpt")
+    refuse_inputs(out, f"--out {out}", inputs)
+    refuse_inputs(log, f"--out {out}'s log {log}", inputs)
+
+
+def _check_position_table(task, max_len: int) -> None:
+    """Every pair must fit the Transformer's position table: its source, and its target with
+    <start> (read while training) or <end> (produced when decoding)."""
+    longest, where = 0, None
+    for split in ("train", "valid", "test"):
+        for source, target in getattr(task, split):
+            if max(len(source), len(target) + 1) > longest:
+                longest = max(len(source), len(target) + 1)
+                where = (split, f"a source of {len(source)} tokens" if len(source) == longest
+                         else f"a target of {len(target)} tokens ({longest} with <start>)")
+    if longest > max_len:
+        split, what = where
+        raise UsageError(f"--arch transformer: a {split} pair has {what}, more than the position table "
+                         f"holds (--max-len {max_len}); give --max-len {longest} or more")
+
+
 def _resume(args) -> int:
-    given = [f"--{flag.replace('_', '-')}" for flag in _RUN_FLAGS if getattr(args, flag) is not None]
-    if given:
-        raise UsageError(f"{', '.join(given)}: a resumed run keeps its own data, model and settings "
-                         f"(only --steps, --time-limit, --out and --threads may be given)")
     model, info = load_checkpoint(args.resume)
     if info.training is None or "source" not in info.extras:
         raise UsageError(f"{args.resume} has no training state to resume (it was not written by "
                          f"'tinygrad-attn train')")
-    source = info.extras["source"]
+    source = _same_run(args, model, info)
     files = (source.get("data"), source.get("valid"), source.get("test"))
-    if "digest" in source and _digest(*files) != source["digest"]:
+    try:
+        digest = _digest(*files) if "digest" in source else None
+    except UsageError as err:
+        raise UsageError(f"{err} (files that moved are given with --data, --valid, --test)") from None
+    if digest is not None and digest != source["digest"]:
         raise UsageError(f"the data files of {args.resume} ({source['data']}) changed since the run started")
     task = task_from_source(source)
-    out = writable(Path(args.out or args.resume))
-    if out.resolve() != Path(args.resume).resolve():
+    out = regular_output(Path(args.out or args.resume), "--out", _REREAD)
+    _check_outputs(out, source_files(source))
+    if not same_file(out, args.resume):
+        refuse_inputs(ta.models.log_path(out), f"--out {out}'s log {ta.models.log_path(out)}",
+                      [(f"--resume {args.resume}", args.resume)])
         _copy_run(Path(args.resume), out)
     threads = set_threads(args.threads)
     steps = args.steps or info.extras.get("steps", DEFAULTS["steps"])
     print(f"resuming {args.resume} at step {info.training['step']} of {steps}")
     _describe(task, model, threads)
     return _run(model, task, out, source, {"steps": steps}, args, resume=True)
+
+
+def _same_run(args, model, info) -> dict:
+    """Check the run flags given with --resume against the run's own values (so the command
+    that started a run resumes it), naming each that differs with both values; returns the
+    run's data record, with the paths given where the run's files moved but kept their
+    contents."""
+    source = info.extras["source"]
+    recorded = _run_values(model, info, source)
+    differ = []
+    for flag in _RUN_FLAGS:
+        given = getattr(args, flag)
+        if flag in _DATA_FLAGS or given is None or given == recorded.get(flag):
+            continue
+        differ.append(_differs(flag, given, recorded.get(flag)))
+    moved = dict(source)
+    for flag in _DATA_FLAGS:
+        given = getattr(args, flag)
+        if given is None or (source.get(flag) is not None and same_file(given, source[flag])):
+            continue
+        if source.get(flag) is not None and Path(given).is_file():
+            moved[flag] = str(Path(given).resolve())          # the same contents elsewhere?
+        else:
+            differ.append(_differs(flag, given, source.get(flag)))
+    if moved != source:
+        files = (moved.get("data"), moved.get("valid"), moved.get("test"))
+        if "digest" not in source or _digest(*files) != source["digest"]:
+            differ += [_differs(flag, getattr(args, flag), source[flag]) for flag in _DATA_FLAGS
+                       if moved.get(flag) != source.get(flag)]
+    if differ:
+        raise UsageError(f"{', '.join(differ)}: a resumed run keeps its own data, model and settings; give "
+                         f"the values it was started with or leave these flags out (--steps, --time-limit, "
+                         f"--out and --threads may change)")
+    return moved
+
+
+def _differs(flag: str, given, recorded) -> str:
+    return f"--{flag.replace('_', '-')} {given} (the run's: {'none' if recorded is None else recorded})"
+
+
+def _run_values(model, info, source: dict) -> dict:
+    """The value each run flag had for the run in a checkpoint (absent: the flag does not
+    apply to it)."""
+    config, settings = model.config, info.training["settings"]
+    arch = "transformer" if isinstance(model, ta.models.Transformer) else "seq2seq"
+    task, options = source.get("task"), source.get("options", {})
+    values = {"task": task, "src_tokens": source.get("src_tokens"), "tgt_tokens": source.get("tgt_tokens"),
+              "arch": arch, "dropout": config["dropout"]}
+    values.update({name: settings.get(name) for name in _SETTING_FLAGS})
+    if task in ("copy", "reverse"):
+        factory = getattr(ta.data.tasks, task)
+        values["length"] = options.get("length", inspect.signature(factory).parameters["length"].default)
+    if task == "cmudict":
+        values["stress"] = bool(options.get("stress", False))
+    if arch == "transformer":
+        values.update(d_model=config["d_model"], heads=config["nhead"], ff=config["dim_feedforward"],
+                      layers=config["num_encoder_layers"], max_len=config["max_len"])
+    else:
+        values.update(cell=config["cell"], attention=config["attention"] or "none", style=config["style"],
+                      embed=config["embed"], hidden=config["hidden"], layers=config["num_layers"],
+                      bidirectional=bool(config["bidirectional"]))
+    return values
 
 
 def _copy_run(source: Path, out: Path) -> None:
@@ -264,7 +369,7 @@ def _run(model, task, out: Path, source: dict, options: dict, args, resume: bool
         history = ta.models.train(model, task, **options, time_limit=args.time_limit, checkpoint=out,
                                   resume=resume, callback=progress.update,
                                   extras={"source": source, "steps": steps})
-    except ValueError as err:
+    except (ValueError, FloatingPointError) as err:     # FloatingPointError: the loss stopped being finite
         raise UsageError(str(err)) from None
     except OSError as err:            # the checkpoint or its log could not be written
         raise UsageError(f"could not write the run to {out}: {err}") from None

@@ -18,7 +18,9 @@ from .common import (
     beam_options,
     check_source,
     load_checkpoint,
+    model_errors,
     positive_int,
+    refuse_inputs,
     set_threads,
 )
 
@@ -62,11 +64,16 @@ def run(args) -> int:
         raise UsageError("'-' (read standard input) cannot be mixed with TEXT arguments")
     if args.heatmap is not None and model.attention_kind is None:
         raise UsageError(f"{args.checkpoint} is a model without attention: there is no heatmap to draw")
+    if args.heatmap is not None:
+        for index in range(1, len(args.texts) + 1):
+            path = _heatmap_path(args.heatmap, index, len(args.texts))
+            refuse_inputs(path, f"--heatmap {path}", [(f"CHECKPOINT {args.checkpoint}", args.checkpoint)])
     for text in args.texts:
-        check_source(text, info)
+        check_source(text, info, model)
     sources = [info.tokenize(text) for text in args.texts]
-    outputs = ta.models.translate_tokens(model, sources, info.src_vocab, info.tgt_vocab, **decoding,
-                                         batch_size=args.batch_size, n_best=args.n_best)
+    with model_errors():
+        outputs = ta.models.translate_tokens(model, sources, info.src_vocab, info.tgt_vocab, **decoding,
+                                             batch_size=args.batch_size, n_best=args.n_best)
     rows = zip(args.texts, sources, outputs, strict=True)
     for index, (text, source, output) in enumerate(rows, start=1):
         if args.n_best is not None:
@@ -95,7 +102,8 @@ def _draw(model, info, args, index: int, source: list, tokens: list, attention) 
     rows = ta.viz.row_labels(tokens, attention)
     drawn = attention
     if isinstance(model, ta.models.Transformer):
-        drawn = _cross_attention_grid(model, info, source, tokens, len(rows))
+        with model_errors():
+            drawn = _cross_attention_grid(model, info, source, tokens, len(rows))
     try:
         ta.viz.heatmap(drawn, source, rows, path, title=None if drawn is attention else
                        "cross-attention, every layer and head")
@@ -111,7 +119,13 @@ def _translate_stream(model, info, args, decoding: dict) -> int:
         raise UsageError("--heatmap draws one picture per TEXT; it does not apply to '-'")
     # Bytes, decoded here: the locale's encoding may not be UTF-8, and only "\n" ends a line
     # (str.splitlines also splits at form feeds and U+2028), as in files of pairs.
-    raw = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode("utf-8")
+    # Bounded as files of pairs are: standard input may never end (`translate m.ckpt - < /dev/zero`).
+    limit = ta.data.MAX_STREAM_BYTES
+    raw = (sys.stdin.buffer.read(limit + 1) if hasattr(sys.stdin, "buffer")
+           else sys.stdin.read(limit + 1).encode("utf-8"))
+    if len(raw) > limit:
+        raise UsageError(f"<stdin>: more than {limit} bytes (ta.data.MAX_STREAM_BYTES); translate a file "
+                         f"of that size in parts")
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as err:
@@ -122,19 +136,23 @@ def _translate_stream(model, info, args, decoding: dict) -> int:
         lines.pop()                      # the newline that ends the last line
     sources = []
     for number, line in enumerate(lines, start=1):
+        if len(line.encode("utf-8")) > ta.data.MAX_LINE_BYTES:
+            raise UsageError(f"<stdin>:{number}: the line is longer than {ta.data.MAX_LINE_BYTES} bytes "
+                             f"(ta.data.MAX_LINE_BYTES)")
         if not line.strip():
             sources.append(None)
             continue
         try:
-            check_source(line, info)
+            check_source(line, info, model)
         except UsageError as err:
             raise UsageError(f"<stdin>:{number}: {err}") from None
         sources.append(info.tokenize(line))
     real = [source for source in sources if source is not None]
     if args.n_best is not None:
-        found = iter(ta.models.translate_tokens(model, real, info.src_vocab, info.tgt_vocab, **decoding,
-                                                batch_size=args.batch_size, n_best=args.n_best)
-                     if real else [])
+        with model_errors():
+            found = iter(ta.models.translate_tokens(model, real, info.src_vocab, info.tgt_vocab, **decoding,
+                                                    batch_size=args.batch_size, n_best=args.n_best)
+                         if real else [])
         for source in sources:
             hypotheses = next(found) if source is not None else []
             lines = [f"{info.detokenize(tokens)}\t{h.score:.6f}" for tokens, h in hypotheses]
@@ -142,8 +160,9 @@ def _translate_stream(model, info, args, decoding: dict) -> int:
             lines += [""] * (args.n_best - len(lines))
             sys.stdout.write("".join(line + "\n" for line in lines))
         return EXIT_OK
-    outputs = iter(ta.models.decode(model, real, info.src_vocab, info.tgt_vocab, **decoding,
-                                    batch_size=args.batch_size) if real else [])
+    with model_errors():
+        outputs = iter(ta.models.decode(model, real, info.src_vocab, info.tgt_vocab, **decoding,
+                                        batch_size=args.batch_size) if real else [])
     for source in sources:
         sys.stdout.write((info.detokenize(next(outputs)) if source is not None else "") + "\n")
     return EXIT_OK

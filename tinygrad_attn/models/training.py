@@ -14,7 +14,9 @@ that resume exactly.
 A resumed run ends with the same weights, bit for bit, as a run that was never stopped (same
 seed and thread count): the checkpoint holds the last step's weights, Adam's moments, the
 schedule, the random generator (dropout) and the step, and the batch order is a function of
-the seed and the step alone.
+the seed and the step alone.  Ctrl-C (SIGINT) and SIGTERM (``timeout``, a scheduler, a
+container stop) both save such a checkpoint before training ends; a loss that is no longer
+finite ends training with FloatingPointError and leaves the last checkpoint as it was.
 """
 
 from __future__ import annotations
@@ -27,24 +29,37 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from numbers import Real
 from pathlib import Path
 
 import numpy as np
 
 from .. import data, nn, optim
 from .. import random as _random
+from ..arguments import check_int, check_number, check_writable_file
 from ..serialize import write_text
 from .checkpoint import load_checkpoint, save_checkpoint
 from .evaluation import Model, evaluate, validation_loss
 
-__all__ = ["train", "SCHEDULES", "log_path"]
+__all__ = ["train", "SCHEDULES", "log_path", "TrainingInterrupted"]
 
 SCHEDULES = ("constant", "cosine", "plateau")
 
 # What a resumed run takes from its checkpoint, not from the call: they decide the batches,
 # the updates and when the run evaluates.
 _RUN_SETTINGS = ("batch_size", "lr", "clip", "seed", "schedule", "warmup", "eval_every", "patience", "bucket")
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training ended by a signal (Ctrl-C's SIGINT, or SIGTERM) after the step in progress,
+    the run saved first when it has a checkpoint; ``signal`` is the signal's number."""
+
+    def __init__(self, message: str, signal_number: int):
+        super().__init__(message)
+        self.signal = signal_number
+
+
+# What ends a run the way Ctrl-C does: SIGTERM is what timeout, schedulers and container stops send.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM") if hasattr(signal, name))
 
 
 def log_path(checkpoint) -> Path:
@@ -86,10 +101,11 @@ def train(model: Model, task: data.Task, steps: int = 1000, batch_size: int = 64
             0 at ``steps``); "plateau" (``optim.ReduceLROnPlateau`` on the validation exact
             match: halved after 2 evaluations without improvement).
         warmup: steps of linear warm-up from 0 to ``lr`` ("constant" and "cosine").
-        checkpoint: a path: after every evaluation, at the end and on Ctrl-C, write a
-            checkpoint there holding the best weights (for ``evaluate``/``translate``) and the
-            state to resume from, and append each evaluation to ``log_path(checkpoint)`` as
-            one JSON line.
+        checkpoint: a path: after every evaluation, at the end and on Ctrl-C or SIGTERM,
+            write a checkpoint there holding the best weights (for ``evaluate``/``translate``)
+            and the state to resume from, and append each evaluation to
+            ``log_path(checkpoint)`` as one JSON line (strict JSON: no NaN).  A symbolic link
+            is written through to its target.
         resume: continue the run saved at ``checkpoint``.  The run's own batch_size, lr,
             clip, seed, schedule, warmup, eval_every, patience and bucket are read from it (the
             arguments given for them here are ignored); ``steps`` and ``time_limit`` are this
@@ -108,47 +124,111 @@ def train(model: Model, task: data.Task, steps: int = 1000, batch_size: int = 64
         that evaluated adds "valid_loss", "valid_exact_match", "best_step" and
         "best_exact_match".
 
-    Ctrl-C (SIGINT) ends training after the step in progress; with ``checkpoint`` the state
-    is saved first, then KeyboardInterrupt is raised.
+    Every argument is checked before the first step (TypeError or ValueError naming it), and
+    so is every training and validation pair against a Transformer's position table
+    (``model.max_len``).
+
+    Ctrl-C (SIGINT) or SIGTERM ends training after the step in progress; with ``checkpoint``
+    the state is saved first, then ``TrainingInterrupted`` (a KeyboardInterrupt whose
+    ``signal`` names the signal) is raised.  The handlers are installed for the call only,
+    from the main thread only, and the previous ones put back.
+
+    A loss, validation loss or weight that is not finite (NaN, infinity) ends training with
+    FloatingPointError naming the step; the checkpoint keeps the last finite state saved.
     """
+    _check_arguments(model, task, time_limit, callback, optimizer, checkpoint, resume, restore_best,
+                     eval_batch_size, extras)
     settings = _settings(task, steps, batch_size, lr, clip, seed, eval_every, patience, schedule, warmup,
                          bucket)
     _check_vocab_sizes(model, task)
+    _check_position_table(model, task)
     run = _Run(model, task, settings, optimizer, checkpoint, extras or {})
     if resume:
-        if checkpoint is None:
-            raise ValueError("train: resume=True needs the checkpoint to resume from")
         run.restore(steps)
     elif checkpoint is not None:
         log_path(checkpoint).unlink(missing_ok=True)      # a new run: an old run's log goes
     return run.loop(steps, time_limit, callback, restore_best, eval_batch_size)
 
 
+def _check_arguments(model, task, time_limit, callback, optimizer, checkpoint, resume, restore_best,
+                     eval_batch_size, extras) -> None:
+    """The arguments ``_settings`` does not cover, so a bad one fails before the first step
+    rather than at the first evaluation or the first save."""
+    if not isinstance(model, Model):
+        raise TypeError(f"train: model must be a ta.models.Seq2Seq or Transformer, got "
+                        f"{type(model).__name__}")
+    if not isinstance(task, data.Task):
+        raise TypeError(f"train: task must be a ta.data.Task, got {type(task).__name__}")
+    if time_limit is not None:
+        check_number(time_limit, "time_limit", "train", low=0.0)
+    if callback is not None and not callable(callback):
+        raise TypeError(f"train: callback must be callable or None, got {type(callback).__name__}")
+    if optimizer is not None and not isinstance(optimizer, optim.Optimizer):
+        raise TypeError(f"train: optimizer must be a ta.optim.Optimizer or None, got "
+                        f"{type(optimizer).__name__}")
+    for name, value in (("resume", resume), ("restore_best", restore_best)):
+        if not isinstance(value, bool):
+            raise TypeError(f"train: {name} must be a bool, got {value!r}")
+    check_int(eval_batch_size, "eval_batch_size", "train", low=1)
+    if extras is not None and (not isinstance(extras, dict) or not all(isinstance(k, str) for k in extras)):
+        raise TypeError(f"train: extras must be a dict with str keys or None, got {extras!r:.80}")
+    if checkpoint is None:
+        if resume:
+            raise ValueError("train: resume=True needs the checkpoint to resume from")
+        return
+    path = check_writable_file(checkpoint, "checkpoint", "train")
+    if path.exists() and not path.is_file():
+        raise ValueError(f"train: checkpoint {str(path)!r} is not a regular file (a FIFO or a device): a run "
+                         f"writes its checkpoint many times and reads it back")
+    if log_path(path) == path:
+        raise ValueError(f"train: checkpoint {str(path)!r} would be its own log (log_path replaces a "
+                         f"suffix with .jsonl); give it another suffix, e.g. .ckpt")
+    if resume and not path.is_file():
+        raise ValueError(f"train: resume=True but the checkpoint {str(path)!r} does not exist")
+
+
+def _check_position_table(model: Model, task: data.Task) -> None:
+    """A Transformer's positions stop at ``max_len``: a longer pair would end the run at the
+    first batch (or evaluation) that holds it, after hours perhaps."""
+    source_limit, target_limit = model.max_src_len, model.max_tgt_len
+    if source_limit is None and target_limit is None:
+        return
+    for split in ("train", "valid"):
+        for index, (source, target) in enumerate(getattr(task, split)):
+            # The decoder reads <start> + target and predicts target + <end>: one more token.
+            long_source = source_limit is not None and len(source) > source_limit
+            if long_source or (target_limit is not None and len(target) + 1 > target_limit):
+                what = (f"a source of {len(source)} tokens" if long_source else
+                        f"a target of {len(target)} tokens ({len(target) + 1} with <start>)")
+                needed = max(len(source), len(target) + 1)
+                raise ValueError(f"train: {split} pair {index} of task {task.name!r} has {what}, longer than "
+                                 f"the {type(model).__name__}'s position table (max_len="
+                                 f"{source_limit if long_source else target_limit}); build the model with "
+                                 f"max_len >= {needed}")
+
+
 def _settings(task, steps, batch_size, lr, clip, seed, eval_every, patience, schedule, warmup,
               bucket) -> dict:
     for name, value, low in (("steps", steps, 1), ("batch_size", batch_size, 1), ("seed", seed, 0),
                              ("warmup", warmup, 0), ("bucket", bucket, 1)):
-        if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < low:
-            raise ValueError(f"train: {name} must be an int >= {low}, got {value!r}")
-    if isinstance(lr, bool) or not isinstance(lr, Real) or not math.isfinite(lr) or lr <= 0:
-        raise ValueError(f"train: lr must be a finite number > 0, got {lr!r}")
-    if clip is not None and (not isinstance(clip, Real) or not math.isfinite(clip) or clip <= 0):
-        raise ValueError(f"train: clip must be a finite number > 0 or None, got {clip!r}")
+        check_int(value, name, "train", low=low)
+    check_number(lr, "lr", "train", low=0.0, low_open=True)
+    if clip is not None:
+        check_number(clip, "clip", "train", low=0.0, low_open=True)
     if schedule not in SCHEDULES:
         raise ValueError(f"train: schedule must be one of {list(SCHEDULES)}, got {schedule!r}")
     if schedule == "plateau" and warmup:
         raise ValueError("train: warmup applies to the 'constant' and 'cosine' schedules, not 'plateau'")
     if eval_every is None:
         eval_every = max(1, steps // 10) if task.valid else 0
-    if isinstance(eval_every, bool) or not isinstance(eval_every, int | np.integer) or eval_every < 0:
-        raise ValueError(f"train: eval_every must be an int >= 0, got {eval_every!r}")
+    check_int(eval_every, "eval_every", "train", low=0)
     if eval_every and not task.valid:
         raise ValueError(f"train: eval_every={eval_every} but task {task.name!r} has no validation pairs")
     if (patience is not None or schedule == "plateau") and not eval_every:
         raise ValueError("train: patience and the 'plateau' schedule need validation (eval_every > 0 "
                          "and a task with validation pairs)")
-    if patience is not None and (isinstance(patience, bool) or not isinstance(patience, int) or patience < 1):
-        raise ValueError(f"train: patience must be an int >= 1 or None, got {patience!r}")
+    if patience is not None:
+        patience = check_int(patience, "patience", "train", low=1)
     return {"batch_size": int(batch_size), "lr": float(lr), "clip": None if clip is None else float(clip),
             "seed": int(seed), "schedule": schedule, "warmup": int(warmup), "eval_every": int(eval_every),
             "patience": patience, "bucket": int(bucket)}
@@ -168,6 +248,7 @@ class _Run:
         self.best_weights: dict | None = None
         self.losses_since_eval: list[float] = []
         self.schedule_state: dict | None = None      # a resumed run's, until the schedule exists
+        self.saved_step: int | None = None            # the step the checkpoint file holds
         # The run's own generator (dropout): other threads' draws cannot change this run.
         self.generator = np.random.default_rng(settings["seed"])
 
@@ -196,9 +277,29 @@ class _Run:
 
     def save(self, schedule, seconds: float) -> None:
         if self.checkpoint is not None:
+            self.check_weights()           # a checkpoint never holds weights that are not finite
             save_checkpoint(self.checkpoint, self.model, self.task, weights=self.best_weights,
                             training=self.state(schedule, seconds), **{**self.extras, "step": self.step,
                                                                          "best": dict(self.best)})
+            self.saved_step = self.step
+
+    # ------------------------------------------------------------ a run that diverged
+
+    def diverged(self, what: str) -> FloatingPointError:
+        """The error that ends a run whose numbers stopped being finite, saying what the
+        checkpoint still holds."""
+        if self.checkpoint is None:
+            kept = ""
+        elif self.saved_step is None:
+            kept = f"; nothing was saved to {self.checkpoint}"
+        else:
+            kept = f"; {self.checkpoint} keeps step {self.saved_step}, the last one saved"
+        return FloatingPointError(f"train: {what} (a learning rate or gradient clip too large?){kept}")
+
+    def check_weights(self) -> None:
+        for name, parameter in self.model.named_parameters():
+            if not np.isfinite(parameter.numpy()).all():
+                raise self.diverged(f"the weights are not finite after step {self.step} ({name})")
 
     def restore(self, steps: int) -> None:
         saved_model, info = load_checkpoint(self.checkpoint)
@@ -227,6 +328,7 @@ class _Run:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.seconds_before = int(state["step"]), float(state["seconds"])
+        self.saved_step = self.step
         self.best = dict(state["best"])
         self.best_weights = saved_model.state_dict() if self.best["exact_match"] is not None else None
         self.losses_since_eval = [float(x) for x in state["losses_since_eval"]]
@@ -254,12 +356,17 @@ class _Run:
 
         patience = s["patience"]
         stopped_early = patience is not None and self.best["since"] >= patience     # a resumed run
-        with _interrupt_flag() as interrupted, _random.using(self.generator):
+        # Overflow and NaN warnings would only precede the clearer error of diverged().
+        with _stop_signals() as received, _random.using(self.generator), \
+                np.errstate(over="ignore", invalid="ignore", divide="ignore"):
             while self.step < steps and not stopped_early:
                 batch = next(batches)
                 lr = self.optimizer.lr
                 self.optimizer.zero_grad()
                 loss = self.model.loss(batch.src, batch.tgt_in, batch.tgt_out)
+                loss_value = float(loss.item())
+                if not math.isfinite(loss_value):
+                    raise self.diverged(f"the loss is {loss_value} at step {self.step + 1}")
                 loss.backward()
                 if s["clip"] is not None:
                     nn.utils.clip_grad_norm_(parameters, s["clip"])
@@ -267,7 +374,7 @@ class _Run:
                 self.step += 1
                 if isinstance(schedule, optim.WarmupCosine):
                     schedule.step()
-                record = {"step": self.step, "loss": float(loss.item()),
+                record = {"step": self.step, "loss": loss_value,
                           "tokens": int(np.sum(batch.tgt_out != data.PAD)), "seconds": seconds(), "lr": lr}
                 self.losses_since_eval.append(record["loss"])
                 stop = False
@@ -277,10 +384,12 @@ class _Run:
                 history.append(record)
                 if callback is not None:
                     callback(record)
-                if interrupted.is_set():
+                if received:
                     self.save(schedule, seconds())
                     where = f"; resumable from {self.checkpoint}" if self.checkpoint else ""
-                    raise KeyboardInterrupt(f"train: interrupted at step {self.step}{where}")
+                    what = "interrupted" if received[0] == signal.SIGINT else \
+                        f"terminated ({signal.Signals(received[0]).name})"
+                    raise TrainingInterrupted(f"train: {what} at step {self.step}{where}", received[0])
                 if stop or (time_limit is not None and time.perf_counter() - start >= time_limit):
                     break
             self.save(schedule, seconds())
@@ -291,7 +400,10 @@ class _Run:
     def evaluate(self, record: dict, schedule, batch_size: int) -> bool:
         """Score the validation pairs, keep the best weights, log; True: stop early."""
         task, model = self.task, self.model
+        self.check_weights()
         valid_loss = validation_loss(model, task.valid, task.src_vocab, task.tgt_vocab, batch_size)
+        if not math.isfinite(valid_loss):
+            raise self.diverged(f"the validation loss is {valid_loss} at step {self.step}")
         scores = evaluate(model, task.valid, task.src_vocab, task.tgt_vocab, batch_size=batch_size)
         exact = scores["exact_match"]
         model.train()
@@ -312,7 +424,7 @@ class _Run:
                     "train_loss": train_loss, "valid_loss": valid_loss, "valid_exact_match": exact,
                     "best_step": best["step"], "best_exact_match": best["exact_match"]}
             with open(log_path(self.checkpoint), "a", encoding="utf-8") as log:
-                log.write(json.dumps(line) + "\n")
+                log.write(json.dumps(line, allow_nan=False) + "\n")
         self.losses_since_eval = []
         patience = self.settings["patience"]
         return patience is not None and best["since"] >= patience
@@ -342,27 +454,32 @@ def _truncate_log(path: Path, step: int) -> None:
 
 
 @contextmanager
-def _interrupt_flag():
-    """Turn Ctrl-C into a flag the loop reads between steps, so an interrupt never leaves a
-    half-updated model or optimizer.  Only the main thread can take signals; elsewhere the
-    flag is never set."""
-    flag = threading.Event()
+def _stop_signals():
+    """Turn Ctrl-C (SIGINT) and SIGTERM into a list of the signals received, which the loop
+    reads between steps, so a stop never leaves a half-updated model or optimizer.  Only the
+    main thread can take signals; elsewhere no handler is installed and the list stays empty."""
+    received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        yield flag
+        yield received
         return
 
     def handler(signum, frame):
-        if flag.is_set():              # a second Ctrl-C: the user does not want to wait
+        if received:                   # a second signal: the user does not want to wait
             raise KeyboardInterrupt
-        flag.set()
-        print("\ninterrupted: finishing the step and saving (Ctrl-C again to quit at once)",
-              file=sys.stderr)
+        received.append(signum)
+        what, again = ("interrupted", "Ctrl-C again") if signum == signal.SIGINT else \
+            (f"terminated ({signal.Signals(signum).name})", "send it again")
+        print(f"\n{what}: finishing the step and saving ({again} to quit at once)", file=sys.stderr)
 
-    previous = signal.signal(signal.SIGINT, handler)
+    previous = {}
     try:
-        yield flag
+        for number in STOP_SIGNALS:
+            previous[number] = signal.signal(number, handler)
+        yield received
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for number, handler_before in previous.items():
+            # None: a handler installed outside Python, which Python cannot put back.
+            signal.signal(number, signal.SIG_DFL if handler_before is None else handler_before)
 
 
 def _check_vocab_sizes(model: Model, task: data.Task) -> None:
