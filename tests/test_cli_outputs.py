@@ -341,3 +341,25 @@ def test_sigterm_mid_run_saves_a_run_that_resumes_bitwise_equal_to_an_uninterrup
                 for line in (tmp_path / name).read_text().splitlines()]
 
     assert evaluations("whole.jsonl") == evaluations("cut.jsonl")
+
+
+def test_a_reader_that_leaves_early_ends_translate_quietly(run):
+    """`translate m.ckpt - | head -1`: the pipe closes under the writer; the command stops with
+    SIGPIPE's status (141) and no traceback."""
+    _, checkpoint = run
+    argv = [sys.executable, "-m", "tinygrad_attn", "translate", str(checkpoint), "-"]
+    child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines = b"abc\n" * 20000               # more output than a pipe's buffer holds
+    writer = threading.Thread(target=lambda: (child.stdin.write(lines), child.stdin.close()))
+    writer.start()
+    try:
+        assert child.stdout.readline()
+        child.stdout.close()                # the reader leaves
+        err = child.stderr.read().decode()
+        child.wait(timeout=300)
+    finally:
+        writer.join(timeout=300)
+        if child.poll() is None:
+            child.kill()
+    assert child.returncode == 128 + signal.SIGPIPE, err
+    assert "Traceback" not in err

@@ -25,6 +25,7 @@ Nothing in the engine imports this package (nor tqdm): ``import tinygrad_attn`` 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import warnings
@@ -77,6 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         # Ctrl-C, 143 for SIGTERM (training saves first and says which signal it was).
         print(f"tinygrad-attn {args.command}: {stop or 'interrupted'}", file=sys.stderr)
         return 128 + getattr(stop, "signal", signal.SIGINT)
+    except BrokenPipeError:
+        # The reader left (`translate m.ckpt - | head -1`): stop quietly, as other tools do.
+        # Standard output goes to /dev/null first, so flushing it at exit raises nothing more.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 def _one_line_warning(command: str):
