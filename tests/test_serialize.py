@@ -277,40 +277,34 @@ def test_a_read_only_target_behind_a_link_is_kept(tmp_path):
     assert ta.load(target) == {"step": 1} and link.is_symlink()
 
 
-@needs_posix
-def test_write_text_to_a_fifo_feeds_its_reader_and_leaves_the_fifo(tmp_path):
+def through_a_fifo(fifo, write) -> bytes:
+    """What a reader of the FIFO ``fifo`` receives while ``write(fifo)`` runs."""
     import threading
 
-    fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     received = []
     reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
     reader.start()
-    serialize.write_text(fifo, "one\ntwo\n", "test")
+    write(fifo)
     reader.join(timeout=30)
-    if reader.is_alive():
+    if reader.is_alive():                  # unblock the reader of a write that never came
         with open(fifo, "wb"):
             pass
-    assert received == [b"one\ntwo\n"] and fifo.is_fifo()
+    return received[0] if received else b""
+
+
+@needs_posix
+def test_write_text_to_a_fifo_feeds_its_reader_and_leaves_the_fifo(tmp_path):
+    fifo = tmp_path / "pipe"
+    received = through_a_fifo(fifo, lambda path: serialize.write_text(path, "one\ntwo\n", "test"))
+    assert received == b"one\ntwo\n" and fifo.is_fifo()
     assert os.listdir(tmp_path) == ["pipe"]
 
 
 @needs_posix
 def test_a_checkpoint_streamed_through_a_fifo_loads_back(tmp_path):
-    import threading
-
-    fifo = tmp_path / "pipe"
-    os.mkfifo(fifo)
-    received = []
-    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
-    reader.start()
     state = {"w": np.arange(6.0).reshape(2, 3), "step": 3}
-    ta.save(state, fifo)
-    reader.join(timeout=30)
-    if reader.is_alive():
-        with open(fifo, "wb"):
-            pass
-    (tmp_path / "copy.ckpt").write_bytes(received[0])
+    (tmp_path / "copy.ckpt").write_bytes(through_a_fifo(tmp_path / "pipe", lambda path: ta.save(state, path)))
     assert_same(ta.load(tmp_path / "copy.ckpt"), state)
 
 

@@ -29,6 +29,15 @@ def relative_error(ours, theirs) -> float:
     return float(np.abs(ours - theirs).max(initial=0.0) / max(np.abs(theirs).max(initial=0.0), 1e-6))
 
 
+def assert_same_as_torch(values, torch_values, ours, theirs):
+    """Outputs and input gradients, then every parameter's gradient, equal to torch's."""
+    for value, expected in zip(values, torch_values, strict=True):
+        assert relative_error(value, expected) < RTOL
+    torch_params = dict(theirs.named_parameters())
+    for name, p in ours.named_parameters():
+        assert relative_error(p.grad, torch_params[name].grad) < RTOL, name
+
+
 def twins(d_model, nhead, layers, ff, activation, norm_first, bias):
     """torch's model (train mode, no dropout: its eval-mode fast path skips padded rows) and
     ours with its weights, both float64."""
@@ -81,12 +90,7 @@ def test_the_transformer_matches_torch_in_values_and_every_gradient(heads, head_
                 memory_key_padding_mask=torch.tensor(~src_keep))
     ty.backward(torch.tensor(dy))
 
-    assert relative_error(y, ty) < RTOL
-    assert relative_error(a.grad, ta_.grad) < RTOL
-    assert relative_error(b.grad, tb.grad) < RTOL
-    torch_params = dict(theirs.named_parameters())
-    for name, p in ours.named_parameters():
-        assert relative_error(p.grad, torch_params[name].grad) < RTOL, name
+    assert_same_as_torch((y, a.grad, b.grad), (ty, ta_.grad, tb.grad), ours, theirs)
 
 
 def test_state_dict_keys_and_shapes_are_torchs():
@@ -182,12 +186,7 @@ def test_src_tgt_and_memory_masks_match_torch_in_values_and_every_gradient(per_h
                 memory_key_padding_mask=torch.tensor(~memory_keep))
     ty.backward(torch.tensor(dy))
 
-    assert relative_error(y, ty) < RTOL
-    assert relative_error(a.grad, ta_.grad) < RTOL
-    assert relative_error(b.grad, tb.grad) < RTOL
-    torch_params = dict(theirs.named_parameters())
-    for name, p in ours.named_parameters():
-        assert relative_error(p.grad, torch_params[name].grad) < RTOL, name
+    assert_same_as_torch((y, a.grad, b.grad), (ty, ta_.grad, tb.grad), ours, theirs)
 
 
 def test_a_target_mask_applies_together_with_causal():
