@@ -7,6 +7,8 @@ a decoder's (B, T, V) output.  PyTorch's cross_entropy puts classes on axis 1 in
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import random as _random
@@ -118,13 +120,22 @@ def cross_entropy(logits: Tensor, target, ignore_index: int | None = None,
     eps = float(label_smoothing)
     nll = CrossEntropy.apply(logits, target, ignore_index=ignore_index, reduction="none")   # (...)
     spread = -logits.log_softmax(-1).mean(axis=-1)                                         # (...)
-    kept = np.ones(target.shape, dtype=bool) if ignore_index is None else target.numpy() != ignore_index
-    keep = Tensor(kept, dtype=logits.dtype, device=logits.device)
-    rows = nll * (1.0 - eps) + spread * keep * eps
+    if ignore_index is None:
+        # Every row kept: spread * 1 is spread, so the rows skip the product with ones.
+        rows = nll * (1.0 - eps) + spread * eps
+        divisor = max(math.prod(target.shape), 1)
+    else:
+        # The kept rows and their count come from kernels, never read on the host: a
+        # captured step counts each batch's padding afresh.
+        ids = target.astype(np.int64)        # an ignore_index outside a narrower dtype still compares
+        keep = (ids != ignore_index).astype(logits.dtype)                                  # (...)
+        rows = nll * (1.0 - eps) + spread * keep * eps
+        k = logits.backend
+        divisor = Tensor._make(k.clamp_divisor(k.count_ne(ids._data, ignore_index), logits.dtype), k, False)
     if reduction == "none":
         return rows
     total = rows.sum()
-    return total if reduction == "sum" else total / max(int(kept.sum()), 1)
+    return total if reduction == "sum" else total / divisor
 
 
 def nll_loss(log_probs: Tensor, target, ignore_index: int | None = None,
@@ -164,8 +175,10 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True,
     if not training or p == 0.0:
         return x
     rng = generator if generator is not None else _random.generator()
-    mask = rng.random(x.shape) >= p
-    return Dropout.apply(x, mask=mask, p=float(p))
+    # A kernel draws the multiplier (on "cuda" too, numpy's generator on the host, copied
+    # over): the same stream on every device, and a captured step draws again each replay.
+    multiplier = x.backend.dropout_multiplier(rng, x.shape, float(p), x.dtype)
+    return Dropout.apply(x, Tensor._make(multiplier, x.backend, False))
 
 
 def embedding(ids, weight: Tensor, padding_idx: int | None = None) -> Tensor:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from ..reference.memory import dropout_multiplier as _host_multiplier
+from ..reference.memory import guard_ids as _host_guard
 from .device import THREADS, _blocks, _empty, _flat, _launch
 
 
@@ -60,7 +62,41 @@ def copy(x):
     return astype(x, x.dtype)
 
 
+def dropout_multiplier(generator, shape, p, dtype):
+    """Inverted dropout's multiplier (u >= p) / (1 - p), drawn on the host by numpy's
+    ``generator`` and copied over: the reference's stream, so a seed gives the same masks
+    here as on the host devices.  Impure: it advances ``generator`` (a captured plan runs it
+    again at every replay)."""
+    return cuda.to_device(_host_multiplier(generator, shape, p, dtype))
+
+
+@cuda.jit
+def _ids_outside_kernel(flag, ids, rows, ignore, has_ignore):
+    # Any thread that finds a bad id stores 1: the stores race, but all store the same value.
+    for i in range(cuda.grid(1), ids.shape[0], cuda.gridsize(1)):
+        v = ids[i]
+        if (v < 0 or v >= rows) and not (has_ignore and v == ignore):
+            flag[0] = 1
+
+
+def guard_ids(ids, rows, ignore, fail):
+    """A check, not a value (the reference's): one kernel sets a flag when an id other than
+    ``ignore`` lies outside [0, rows); only then are the ids copied to the host for
+    ``fail(ids)``, which raises naming the bad one.  Returns None."""
+    if not ids.size:
+        return None
+    if ids.dtype.kind == "u":
+        # A kernel would compare unsigned ids with the signed bounds in floats: on the host.
+        return _host_guard(to_numpy(ids), rows, ignore, fail)
+    flag = zeros((1,), np.int8)
+    _launch(_ids_outside_kernel, _blocks(ids.size), THREADS, flag, _flat(ids), int(rows),
+            0 if ignore is None else int(ignore), ignore is not None)
+    if to_numpy(flag)[0]:                      # the one host read a check needs
+        fail(to_numpy(ids))
+    return None
+
+
 # ---------------------------------------------------------------- the table
 
 KERNELS = {"asarray": asarray, "to_numpy": to_numpy, "zeros": zeros, "full": full, "astype": astype,
-           "copy": copy}
+           "copy": copy, "dropout_multiplier": dropout_multiplier, "guard_ids": guard_ids}

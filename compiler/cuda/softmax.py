@@ -263,11 +263,45 @@ def nll_loss_back(shape, target, ignore_index, dloss):
     return dx
 
 
+@cuda.jit
+def _count_ne_kernel(count, x, value):
+    own = 0
+    for i in range(cuda.grid(1), x.shape[0], cuda.gridsize(1)):
+        if x[i] != value:
+            own += 1
+    if own:
+        cuda.atomic.add(count, 0, own)         # integers: the total is exact in any order
+
+
+def count_ne(x, value):
+    """The number of entries of x that differ from ``value``, as a 0-d int64 array."""
+    count = zeros((1,), np.int64)
+    if x.size:
+        _launch(_count_ne_kernel, _blocks(x.size), THREADS, count, _flat(x), int(value))
+    return count.reshape(())
+
+
+@cuda.jit
+def _clamp_divisor_kernel(out, count):
+    # Not max(count[0], 1): Numba 0.68 fails to compile that call for a GPU.
+    if cuda.grid(1) == 0:
+        n = count[0]
+        out[0] = n if n > 1 else 1             # the store rounds to out's dtype, as a cast does
+
+
+def clamp_divisor(count, dtype):
+    """max(count, 1) as a 0-d array of ``dtype``: the divisor of a mean over kept rows."""
+    out = _empty((1,), dtype)
+    _launch(_clamp_divisor_kernel, 1, 1, out, count.reshape((1,)))
+    return out.reshape(())
+
+
 # ---------------------------------------------------------------- the table
 
 KERNELS = {
     "softmax": softmax, "softmax_back": softmax_back, "log_softmax": log_softmax,
     "log_softmax_back": log_softmax_back, "masked_softmax": masked_softmax,
     "cross_entropy": cross_entropy, "cross_entropy_back": cross_entropy_back,
-    "nll_loss": nll_loss, "nll_loss_back": nll_loss_back,
+    "nll_loss": nll_loss, "nll_loss_back": nll_loss_back, "count_ne": count_ne,
+    "clamp_divisor": clamp_divisor,
 }

@@ -87,6 +87,22 @@ def nll_loss_back(shape, target, ignore_index, dloss):
     return dx
 
 
+def count_ne(x, value):
+    """The number of entries of x that differ from ``value``, as a 0-d int64 array: the rows
+    a loss keeps (the targets that are not ``ignore_index``).  Counted, not summed in
+    floats, so it is exact at any size."""
+    return np.asarray(np.count_nonzero(x != value), dtype=np.int64)
+
+
+def clamp_divisor(count, dtype):
+    """max(count, 1) as a 0-d array of ``dtype``: the divisor of a mean over ``count`` kept
+    rows, 1 when none is kept (the mean of nothing is 0, not NaN).  Filled as ``full`` fills,
+    so the value has the bits a Python int converted to ``dtype`` has."""
+    out = np.empty((), dtype=dtype)
+    out.fill(max(int(count), 1))
+    return out
+
+
 def masked_softmax(x, mask):
     """Softmax over the last axis of x, restricted to the entries where ``mask`` (boolean,
     broadcast to x) is True.  Masked entries get exactly 0; a row with no True entry is
@@ -98,5 +114,5 @@ KERNELS = {
     "softmax": softmax, "softmax_back": softmax_back, "log_softmax": log_softmax,
     "log_softmax_back": log_softmax_back, "cross_entropy": cross_entropy,
     "cross_entropy_back": cross_entropy_back, "nll_loss": nll_loss, "nll_loss_back": nll_loss_back,
-    "masked_softmax": masked_softmax,
+    "masked_softmax": masked_softmax, "count_ne": count_ne, "clamp_divisor": clamp_divisor,
 }

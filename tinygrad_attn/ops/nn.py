@@ -8,11 +8,13 @@ log_softmax (the log of those zeros), never NaN, and finite gradients.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
 
 from ..autograd import DeferredGrad, Example, Op, ShapeError, register
+from ..compiler import reference
 from ..shapes import dim
 from ._common import (
     check_float,
@@ -24,6 +26,7 @@ from ._common import (
     stop_gradient,
     uniform,
 )
+from .elementwise import Elementwise
 
 _NO_IGNORE = np.iinfo(np.int64).min  # ignore_index=None: a class id no target can have
 
@@ -101,46 +104,57 @@ def _check_targets(op, scores, target, ignore_index) -> None:
         op.fail(f"target shape {tuple(target.shape)} must equal the scores shape without its "
                 f"class axis: scores {tuple(scores.shape)} -> target {tuple(scores.shape[:-1])}")
     classes = dim(scores, -1)
-    target = op.backend.to_numpy(target)        # on the host: a device array has no comparisons
+    # A guard kernel, not a host read: the capture runs it again at every replay.
+    op.backend.guard_ids(target, classes, ignore_index,
+                         functools.partial(_bad_target, op.name, classes, tuple(scores.shape), ignore_index))
+
+
+def _bad_target(where: str, classes: int, scores_shape: tuple, ignore_index: int, target) -> None:
+    """Raise ShapeError naming the first target (a host array) outside [0, classes)."""
     bad = ((target < 0) | (target >= classes)) & (target != ignore_index)
-    if np.any(bad):
-        value = int(target[bad][0])
-        op.fail(f"target value {value} is outside [0, {classes}) for scores of shape "
-                f"{tuple(scores.shape)}")
+    value = int(target[bad][0])
+    raise ShapeError(f"{where}: target value {value} is outside [0, {classes}) for scores of shape "
+                     f"{scores_shape}")
 
 
 def _flatten(op, scores, target):
     """Validate, then flatten scores (..., C) -> (N, C) and targets (...) -> (N,).
 
-    Returns (scores2, target1, ignore, count): the sentinel standing for ignore_index and
-    the number of rows not ignored (the divisor of 'mean')."""
+    Returns (scores2, target1, ignore, count): the sentinel standing for ignore_index and,
+    for 'mean', the number of rows not ignored (a 0-d int64 array a kernel counted; None for
+    the other reductions)."""
     _check_reduction(op)
     ignore = _NO_IGNORE if op.ignore_index is None else op.ignore_index
     _check_targets(op, scores, target, ignore)
     k = op.backend
     scores2 = k.reshape(scores, (-1, dim(scores, -1)))        # (N, C)
     target1 = k.reshape(target, (-1,))                          # (N,)
-    count = int(np.sum(np.asarray(k.to_numpy(target1)) != ignore))
+    count = k.count_ne(target1, ignore) if op.reduction == "mean" else None
     return scores2, target1, ignore, count
 
 
-def _reduce(k, rows, count: int, reduction: str, shape):
-    """Per-row losses (N,) -> the requested reduction.  'mean' divides by the number of
-    rows not ignored; with every row ignored the mean is 0, not NaN."""
+def _reduce(k, rows, divisor, reduction: str, shape):
+    """Per-row losses (N,) -> the requested reduction.  'mean' divides by ``divisor``,
+    max(rows not ignored, 1) as a 0-d array: with every row ignored the mean is 0, not NaN."""
     if reduction == "none":
         return k.reshape(rows, shape)
     total = k.sum(rows, None, False)
     if reduction == "sum":
         return total
-    return k.div(total, k.full((), max(count, 1), rows.dtype))
+    return k.div(total, divisor)
 
 
-def _row_grads(k, dy, count: int, reduction: str, n: int):
+def _row_grads(k, dy, count, divisor, reduction: str, n: int):
     if reduction == "none":
         return k.reshape(dy, (n,))
     if reduction == "mean":
-        dy = k.div(dy, k.full((), max(count, 1), dy.dtype))
+        # The forward's divisor, unless the gradient arrives in another dtype.
+        dy = k.div(dy, divisor if divisor.dtype == dy.dtype else k.clamp_divisor(count, dy.dtype))
     return k.broadcast_to(k.reshape(dy, (1,)), (n,))
+
+
+def _divisor(k, count, dtype):
+    return None if count is None else k.clamp_divisor(count, dtype)
 
 
 def _symbolic_nll(sp, logp, target, ignore_index, reduction):
@@ -178,8 +192,8 @@ class CrossEntropy(Op):
     rows that are not ignored.
     """
 
-    kernels = ("broadcast_to", "cross_entropy", "cross_entropy_back", "div", "full", "reshape",
-               "sum", "to_numpy")
+    kernels = ("broadcast_to", "clamp_divisor", "count_ne", "cross_entropy", "cross_entropy_back", "div",
+               "guard_ids", "reshape", "sum")
 
     @staticmethod
     def symbolic(sp, logits, target, ignore_index, reduction):
@@ -190,13 +204,14 @@ class CrossEntropy(Op):
         logits2, target1, ignore, count = _flatten(self, logits, target)
         k = self.backend
         rows, lse = k.cross_entropy(logits2, target1, ignore)
-        self.saved = (logits2, lse, target1, ignore, count, logits.shape)
-        return _reduce(k, rows, count, self.reduction, target.shape)
+        divisor = _divisor(k, count, rows.dtype)
+        self.saved = (logits2, lse, target1, ignore, count, divisor, logits.shape)
+        return _reduce(k, rows, divisor, self.reduction, target.shape)
 
     def backward(self, dy):
-        logits2, lse, target1, ignore, count, shape = self.saved
+        logits2, lse, target1, ignore, count, divisor, shape = self.saved
         k = self.backend
-        drows = _row_grads(k, dy, count, self.reduction, logits2.shape[0])
+        drows = _row_grads(k, dy, count, divisor, self.reduction, logits2.shape[0])
         return k.reshape(k.cross_entropy_back(logits2, lse, target1, ignore, drows), shape), None
 
     @classmethod
@@ -208,8 +223,8 @@ class CrossEntropy(Op):
 class NLLLoss(Op):
     """loss = -logp[target] for log-probabilities ``logp``, classes on the last axis."""
 
-    kernels = ("broadcast_to", "div", "full", "nll_loss", "nll_loss_back", "reshape", "sum",
-               "to_numpy")
+    kernels = ("broadcast_to", "clamp_divisor", "count_ne", "div", "guard_ids", "nll_loss", "nll_loss_back",
+               "reshape", "sum")
 
     @staticmethod
     def symbolic(sp, logp, target, ignore_index, reduction):
@@ -219,13 +234,14 @@ class NLLLoss(Op):
         logp2, target1, ignore, count = _flatten(self, logp, target)
         k = self.backend
         rows = k.nll_loss(logp2, target1, ignore)
-        self.saved = (logp2.shape, target1, ignore, count, logp.shape)
-        return _reduce(k, rows, count, self.reduction, target.shape)
+        divisor = _divisor(k, count, rows.dtype)
+        self.saved = (logp2.shape, target1, ignore, count, divisor, logp.shape)
+        return _reduce(k, rows, divisor, self.reduction, target.shape)
 
     def backward(self, dy):
-        shape2, target1, ignore, count, shape = self.saved
+        shape2, target1, ignore, count, divisor, shape = self.saved
         k = self.backend
-        drows = _row_grads(k, dy, count, self.reduction, shape2[0])
+        drows = _row_grads(k, dy, count, divisor, self.reduction, shape2[0])
         return k.reshape(k.nll_loss_back(shape2, target1, ignore, drows), shape), None
 
     @classmethod
@@ -240,32 +256,26 @@ def _embedding_grad(ids, dy, kb, rows: int, padding_idx):
     return kb.embedding_back(rows, ids, dy, padding_idx)                # (rows, E)
 
 
-_UNSIGNED = {np.dtype(f"i{n}"): np.dtype(f"u{n}") for n in (4, 8)}
-
-
 def check_ids(where: str, ids: np.ndarray, table_shape: tuple[int, ...]) -> None:
     """Raise ShapeError, naming ``where``, if a host array of ids holds one outside
     [0, rows) for a table of ``table_shape``: the test every lookup makes (the Embedding op,
     and an exported model before onnxruntime's Gather would wrap a negative id)."""
-    rows = table_shape[0]
-    # One reduction finds any id outside [0, rows) in 32- and 64-bit ids: read as
-    # unsigned, a negative is at least 2^31, more rows than any table has.
-    unsigned = _UNSIGNED.get(ids.dtype)
-    if unsigned is not None:
-        bad = ids.size and np.maximum.reduce(ids.view(unsigned), axis=None) >= rows
-    else:
-        bad = ids.size and (ids.min() < 0 or ids.max() >= rows)
-    if bad:
-        low, high = ids.min(), ids.max()
-        bad = int(low) if low < 0 else int(high)
-        raise ShapeError(f"{where}: id {bad} is outside [0, {rows}) for weight of shape {table_shape}")
+    reference.guard_ids(ids, table_shape[0], None, functools.partial(_bad_id, where, table_shape))
+
+
+def _bad_id(where: str, table_shape: tuple[int, ...], ids) -> None:
+    """Raise ShapeError naming the smallest id (a host array) if it is negative, else the
+    largest."""
+    low, high = ids.min(), ids.max()
+    bad = int(low) if low < 0 else int(high)
+    raise ShapeError(f"{where}: id {bad} is outside [0, {table_shape[0]}) for weight of shape {table_shape}")
 
 
 @register
 class Embedding(Op):
     """y[...] = weight[ids[...]]: a row lookup; the row ``padding_idx`` gets no gradient."""
 
-    kernels = ("cat", "embedding", "embedding_back", "reshape", "to_numpy")
+    kernels = ("cat", "embedding", "embedding_back", "guard_ids", "reshape")
 
     @staticmethod
     def symbolic(sp, weight, ids, padding_idx):
@@ -282,8 +292,8 @@ class Embedding(Op):
         rows = weight.shape[0]
         if self.padding_idx is not None and not 0 <= self.padding_idx < rows:
             self.fail(f"padding_idx {self.padding_idx} is outside [0, {rows})")
-        # On the host: a device array has no min().
-        check_ids(self.name, self.backend.to_numpy(ids), tuple(weight.shape))
+        # A guard kernel, not a host read: the capture runs it again at every replay.
+        self.backend.guard_ids(ids, rows, None, functools.partial(_bad_id, self.name, tuple(weight.shape)))
         self.saved = (rows, ids)
         return self.backend.embedding(weight, ids)
 
@@ -305,37 +315,21 @@ class Embedding(Op):
 
 
 @register
-class Dropout(Op):
-    """y = x * mask / (1 - p): ``mask`` (boolean, drawn by functional.dropout) keeps an
-    entry with probability 1 - p, and the scale keeps the expected value unchanged."""
-
-    kernels = ("asarray", "mul")
+class Dropout(Elementwise):
+    """y = x * m: inverted dropout, ``m`` the multiplier (u >= p) / (1 - p) that
+    ``functional.dropout`` draws with the kernel ``dropout_multiplier`` (0 for a dropped
+    entry, 1/(1 - p) for a kept one).  The multiplier is an input, not an attribute, so a
+    captured step draws a fresh one at every replay; and the op is a formula, so a chain of
+    elementwise ops around it can be fused."""
 
     @staticmethod
-    def symbolic(sp, x, mask, p):
-        scale = number(sp, _scale(p))
-        return np.asarray(x, dtype=object) * np.where(mask, scale, sp.Integer(0))
-
-    def forward(self, x):
-        check_float(self, x)
-        if tuple(self.mask.shape) != tuple(x.shape):
-            self.fail(f"mask shape {tuple(self.mask.shape)} differs from input shape {tuple(x.shape)}")
-        multiplier = self.backend.asarray(self.mask * _scale(self.p), x.dtype)
-        self.saved = (multiplier,)
-        return self.backend.mul(x, multiplier)
-
-    def backward(self, dy):
-        (multiplier,) = self.saved
-        return (self.backend.mul(dy, multiplier),)
+    def symbolic(sp, x, multiplier):
+        return x * multiplier
 
     @classmethod
     def examples(cls):
-        mask = np.array([[True, False, True], [True, True, False]])
-        return [Example((uniform(710, 2, 3),), {"mask": mask, "p": 0.25})]
-
-
-def _scale(p: float) -> float:
-    return 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
+        multiplier = np.array([[4.0, 0.0, 4.0], [4.0, 4.0, 0.0]]) / 3.0        # p = 0.25
+        return [Example((uniform(710, 2, 3), multiplier))]
 
 
 @register
