@@ -457,7 +457,7 @@ def test_cuda_parameters_update_in_place_like_cpu(make):
 def test_clip_grad_norm_scales_cuda_gradients():
     p = nn.Parameter(np.zeros(2)).to("cuda")
     p.grad = Tensor([3.0, 4.0], device="cuda")
-    assert nn.utils.clip_grad_norm_([p], 1.0) == pytest.approx(5.0)
+    assert float(nn.utils.clip_grad_norm_([p], 1.0)) == pytest.approx(5.0)
     assert p.grad.device == "cuda"
     np.testing.assert_allclose(p.grad.numpy(), [0.6, 0.8], rtol=1e-5)
 
@@ -474,7 +474,9 @@ def test_clip_grad_norm_by_hand():
     a.grad = Tensor([3.0, 4.0], dtype=np.float64)
     b.grad = Tensor([12.0], dtype=np.float64)          # total 2-norm sqrt(9 + 16 + 144) = 13
     total = nn.utils.clip_grad_norm_([a, b, c], max_norm=6.5)
-    assert total == 13.0
+    # A 0-d Tensor, as torch's.
+    assert isinstance(total, Tensor) and total.shape == () and total.dtype == np.float64
+    assert float(total) == 13.0
     scale = 6.5 / (13.0 + 1e-6)
     np.testing.assert_allclose(a.grad.numpy(), [3.0 * scale, 4.0 * scale], rtol=1e-15)
     np.testing.assert_allclose(b.grad.numpy(), [12.0 * scale], rtol=1e-15)
@@ -485,7 +487,7 @@ def test_clip_grad_norm_leaves_small_gradients_alone():
     a = nn.Parameter(np.zeros(2))
     a.grad = Tensor([0.3, -0.4])
     grad_array = a.grad.data
-    assert nn.utils.clip_grad_norm_([a], 1.0) == pytest.approx(0.5)
+    assert float(nn.utils.clip_grad_norm_([a], 1.0)) == pytest.approx(0.5)
     np.testing.assert_array_equal(a.grad.numpy(), np.array([0.3, -0.4], np.float32))
     assert a.grad.data is grad_array
 
@@ -493,12 +495,12 @@ def test_clip_grad_norm_leaves_small_gradients_alone():
 def test_clip_grad_norm_inf_norm_and_single_tensor():
     a = nn.Parameter(np.zeros(3), dtype=np.float64)
     a.grad = Tensor([1.0, -8.0, 2.0], dtype=np.float64)
-    assert nn.utils.clip_grad_norm_(a, 2.0, norm_type="inf") == 8.0
+    assert float(nn.utils.clip_grad_norm_(a, 2.0, norm_type="inf")) == 8.0
     np.testing.assert_allclose(a.grad.numpy(), np.array([1.0, -8.0, 2.0]) * 2.0 / (8.0 + 1e-6))
 
 
 def test_clip_grad_norm_without_gradients_is_zero():
-    assert nn.utils.clip_grad_norm_(make_params(), 1.0) == 0.0
+    assert float(nn.utils.clip_grad_norm_(make_params(), 1.0)) == 0.0
 
 
 def test_clip_grad_norm_nonfinite():
@@ -509,7 +511,7 @@ def test_clip_grad_norm_nonfinite():
         nn.utils.clip_grad_norm_([a, b], 1.0, error_if_nonfinite=True)
     np.testing.assert_array_equal(b.grad.numpy(), [1.0, 1.0])
     # As torch: without the check, the NaN total scales every gradient to NaN.
-    assert math.isnan(nn.utils.clip_grad_norm_([b, a], 1.0, norm_type=math.inf))
+    assert math.isnan(float(nn.utils.clip_grad_norm_([b, a], 1.0, norm_type=math.inf)))
     assert np.isnan(b.grad.numpy()).all()
 
 
@@ -537,7 +539,7 @@ def test_clip_grad_norm_matches_torch(norm_type, max_norm, dtype):
     total = nn.utils.clip_grad_norm_(params, max_norm, norm_type=norm_type)
     torch_total = torch.nn.utils.clip_grad_norm_(torch_params, max_norm, norm_type=norm_type)
     tol = 1e-6 if dtype == np.float32 else 1e-12
-    assert total == pytest.approx(torch_total.item(), rel=tol)
+    assert float(total) == pytest.approx(torch_total.item(), rel=tol)
     for p, tp in zip(params, torch_params, strict=True):
         if tp.grad is None:
             assert p.grad is None

@@ -9,18 +9,19 @@
         opt.step()
         schedule.step()
 
-``step()`` works on the raw arrays (``p.data``, ``p.grad.data``) in place (SGD with numpy
-ufuncs into preallocated buffers; Adam in one fused Numba pass per parameter, bit for bit the
-ufuncs' result), so it builds no graph nodes, allocates nothing after a parameter's first
-update, and keeps each parameter's dtype (float32 parameters get float32 state).
-``p.data`` is read afresh every step, so ``load_state_dict`` or ``astype`` on the model
-(which replace the arrays) are seen; state follows a dtype change.
+``step()`` is one in-place kernel call per parameter on the parameter's device
+(``backend.adam_`` / ``backend.sgd_``, compiler/reference/optim.py; on "cpu" Adam is one fused
+Numba pass, bit for bit the numpy ufuncs'), so it builds no graph nodes and keeps each
+parameter's dtype (float32 parameters get float32 state).  Everything that changes from step
+to step lives in arrays the kernels read: each parameter's update count (``state["step"]``,
+a 0-d int64 array the kernel increments) and the hyperparameters (a float64 vector the
+optimizer owns: setting ``opt.lr``, ``opt.betas``... writes it in place).  A recorded
+``adam_`` call replayed later therefore uses the current step and learning rate.
 
-Parameters on the "cuda" device take a host round trip each step: the parameter and its
-gradient are copied to the host, updated there by the same code (the optimizer state
-lives on the host), and the result is copied back into the same device array.  Correct and
-simple, at the cost of three transfers per parameter per step; a fused numba.cuda kernel
-would avoid them.
+The state lives on the parameter's device ("cuda" included: no host round trip) and follows
+a change of the parameter's dtype or device (``model.double()``, ``model.to(...)``).
+``state_dict()`` copies it to numpy with the step as a Python int, the form checkpoints
+have always had.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from .arguments import check_number
-from .autograd import DTypeError, ShapeError, enable_grad
+from .autograd import DeviceError, DTypeError, ShapeError, enable_grad, outside_capture
 from .tensor import Tensor
 
 __all__ = ["Optimizer", "SGD", "Adam", "WarmupCosine", "ReduceLROnPlateau"]
@@ -72,51 +73,76 @@ def _collect_parameters(owner: str, params) -> list[Tensor]:
     return collected
 
 
-# The fused update kernels, imported on first use, not with the package: importing
-# compiler.cpu starts Numba's OpenMP pool, and a program that imports torch after the engine
-# then runs torch beside a second OpenMP runtime (its training step took 300 ms instead of 46;
-# compiler/numba_support.py).
-_kernels: dict = {}
+class _Hyper:
+    """A setting stored in the optimizer's float64 vector that the update kernels read
+    (``Optimizer.hyper_names`` gives its place); assigning it writes the vector in place."""
 
+    def __init__(self, name: str, flag: bool = False):
+        self.name, self.flag = name, flag
 
-def _load_adam():
-    from .compiler.cpu.optim import adam
+    def __get__(self, optimizer, owner=None):
+        if optimizer is None:
+            return self
+        value = float(optimizer._hyper[optimizer.hyper_names.index(self.name)])
+        return value != 0.0 if self.flag else value
 
-    _kernels["adam"] = adam
-    return adam
+    def __set__(self, optimizer, value) -> None:
+        optimizer._write_hyper(self.name, value)
 
 
 class Optimizer(ABC):
-    """Base of the optimizers: the parameters, the learning rate and per-parameter state.
+    """Base of the optimizers: the parameters, the hyperparameters and per-parameter state.
 
-    A subclass names its per-parameter arrays in ``state_arrays``, saves and restores its
-    settings through ``hyperparameters``/``_set_hyperparameters``, and implements
-    ``_update(param, grad, state, scratch)`` on host numpy arrays.  The base class skips
-    parameters without a gradient and handles devices, dtypes and checkpoints.
+    A subclass names its settings in ``hyper_names`` (the layout of the float64 vector its
+    kernel reads; "lr" first), its per-parameter arrays in ``state_arrays``, saves and
+    restores its settings through ``hyperparameters``/``_set_hyperparameters``, and
+    implements ``_update(backend, param, grad, state, extras)`` as kernel calls on the
+    parameter's device.  The base class skips parameters without a gradient and handles
+    devices, dtypes and checkpoints.
 
     Args:
         params: an iterable of Parameters (or leaf float Tensors), e.g. ``model.parameters()``.
         lr: the learning rate (>= 0); may be changed between steps (``opt.lr = 1e-4``).
     """
 
+    hyper_names: tuple[str, ...] = ("lr",)
     state_arrays: tuple[str, ...] = ()
-    scratch_arrays = 2          # work buffers shaped like a parameter that ``_update`` gets
 
     def __init__(self, params, lr: float):
         self.params: list[Tensor] = _collect_parameters(type(self).__name__, params)
+        # The settings the kernels read, written in place so that a recorded call sees a
+        # new lr; a copy per device that cannot read host memory (_hyper_on).
+        self._hyper = np.zeros(len(self.hyper_names), np.float64)
+        self._device_hyper: dict[str, object] = {}
         self.lr = lr
-        # Per parameter, None until its first update: {"step": int, name: array or None}.
+        # Per parameter, None until its first update: {"step": 0-d int64 array, name: array
+        # or None}, on the parameter's device.
         self.state: list[dict | None] = [None] * len(self.params)
-        # (dtype, work buffers), not state: never saved, remade when a parameter changes dtype.
-        self._scratch: list[tuple | None] = [None] * len(self.params)
+        # (dtype, backend, extras) per parameter: what the state was last made for, and
+        # arrays a kernel needs that are not state (never saved; remade with the state).
+        self._extras: list[tuple | None] = [None] * len(self.params)
 
     @property
     def lr(self) -> float:
-        return self._lr
+        return float(self._hyper[0])
 
     @lr.setter
     def lr(self, value) -> None:
-        self._lr = check_number(value, "lr", type(self).__name__, low=0.0)
+        self._write_hyper("lr", check_number(value, "lr", type(self).__name__, low=0.0))
+
+    def _write_hyper(self, name: str, value) -> None:
+        self._hyper[self.hyper_names.index(name)] = float(value)
+        for array in self._device_hyper.values():
+            if array is not self._hyper:
+                array.copy_to_device(self._hyper)
+
+    def _hyper_on(self, backend):
+        array = self._device_hyper.get(backend.name)
+        if array is None:
+            # The host devices take the vector itself; "cuda" a device copy kept in step.
+            with outside_capture():
+                array = self._device_hyper[backend.name] = backend.asarray(self._hyper, np.float64)
+        return array
 
     def hyperparameters(self) -> dict:
         """The settings ``state_dict`` saves, by constructor argument name."""
@@ -126,7 +152,8 @@ class Optimizer(ABC):
         self.lr = lr
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear every parameter's gradient: drop it (the default, as PyTorch), or zero it."""
+        """Clear every parameter's gradient: drop it (the default, as PyTorch), or replace
+        it by zeros (a fresh array from the device's ``zeros`` kernel)."""
         for p in self.params:
             grad = p.grad
             if grad is None:
@@ -134,7 +161,8 @@ class Optimizer(ABC):
             if set_to_none:
                 p.grad = None
             else:
-                grad.data = grad.backend.zeros(grad.shape, grad.dtype)
+                grad._version.count += 1            # as assigning ``.data`` counts
+                grad._data = grad.backend.zeros(grad.shape, grad.dtype)
 
     def step(self, closure: Callable | None = None):
         """Update every parameter that has a gradient, in place.  A parameter whose
@@ -155,59 +183,70 @@ class Optimizer(ABC):
             grad = p.grad
             if grad is None:
                 continue
-            data = grad.data
-            g = data if type(data) is np.ndarray else grad.backend.to_numpy(data)
-            data = p.data
-            on_host = type(data) is np.ndarray
-            param = data if on_host else p.backend.to_numpy(data)
-            if g.shape != param.shape:
+            param, g = p._data, grad._data
+            if tuple(g.shape) != tuple(param.shape):
                 raise ShapeError(f"{type(self).__name__}.step: params[{index}] has shape "
-                                 f"{param.shape} but its gradient has shape {g.shape}")
-            prepared = self._scratch[index]
-            if prepared is None or prepared[0] != param.dtype:
-                prepared = self._prepare(index, param)
-            state = self.state[index]
-            if state is None:
-                state = self.state[index] = self._init_state(param)
-            self._update(param, g, state, prepared[1])
-            if not on_host:
-                self._write_back(index, data, param)
+                                 f"{tuple(param.shape)} but its gradient has shape {tuple(g.shape)}")
+            backend = p.backend
+            if grad.backend is not backend:
+                raise DeviceError(f"{type(self).__name__}.step: params[{index}] is on "
+                                  f"{backend.name!r} but its gradient is on {grad.backend.name!r}")
+            # The kernel writes the parameter in place: its version counts the change, as
+            # handing out ``.data`` did (a graph that saved it refuses backward), and the
+            # gradient's as before.
+            p._version.count += 1
+            grad._version.count += 1
+            # State is made (or moved) once, not at every step: a compiled step binds it.
+            with outside_capture():
+                prepared = self._extras[index]
+                if prepared is None or prepared[0] != param.dtype or prepared[1] is not backend:
+                    prepared = self._prepare(index, p)
+                state = self.state[index]
+                if state is None:
+                    state = self.state[index] = self._init_state(p)
+            self._update(backend, param, g, state, prepared[2])
         return loss
 
-    def _write_back(self, index: int, device_array, host: np.ndarray) -> None:
-        copy_to_device = getattr(device_array, "copy_to_device", None)
-        if copy_to_device is None:
-            raise TypeError(f"{type(self).__name__}.step: params[{index}] holds a "
-                            f"{type(device_array).__name__}, which cannot be updated in place")
-        copy_to_device(host)
-
-    def _prepare(self, index: int, param: np.ndarray) -> tuple:
-        """Allocate work buffers, converting existing state after a dtype change (model.double())."""
-        state = self.state[index]
+    def _prepare(self, index: int, p: Tensor) -> tuple:
+        """Move existing state to the parameter's device and dtype (``model.double()``,
+        ``model.to(...)``) and make the extras."""
+        state, backend = self.state[index], p.backend
+        previous = self._extras[index]
+        home = previous[1] if previous is not None else backend
         if state is not None:
-            for name in self.state_arrays:
+            for name in ("step", *self.state_arrays):
                 array = state[name]
-                if array is not None and array.dtype != param.dtype:
-                    state[name] = array.astype(param.dtype)
-        prepared = (param.dtype, tuple(np.empty_like(param) for _ in range(self.scratch_arrays)))
-        self._scratch[index] = prepared
+                if array is None:
+                    continue
+                dtype = np.int64 if name == "step" else p.dtype
+                if home is not backend:
+                    array = backend.asarray(np.array(home.to_numpy(array), copy=True), dtype)
+                elif array.dtype != dtype:
+                    array = backend.astype(array, dtype)
+                state[name] = array
+        prepared = (p.dtype, backend, self._make_extras(backend, state))
+        self._extras[index] = prepared
         return prepared
 
-    def _init_state(self, param: np.ndarray) -> dict:
-        return {"step": 0, **{name: None for name in self.state_arrays}}
+    def _make_extras(self, backend, state: dict | None) -> tuple:
+        return ()
+
+    def _init_state(self, p: Tensor) -> dict:
+        backend = p.backend
+        return {"step": backend.zeros((), np.int64),
+                **{name: backend.zeros(p.shape, p.dtype) for name in self.state_arrays}}
 
     @abstractmethod
-    def _update(self, param: np.ndarray, grad: np.ndarray, state: dict,
-                scratch: tuple[np.ndarray, ...]) -> None:
-        """Update ``param`` in place from ``grad``, ``state`` (this parameter's, updated in
-        place) and ``scratch_arrays`` work buffers shaped like ``param``; every optimizer
-        defines it."""
+    def _update(self, backend, param, grad, state: dict, extras: tuple) -> None:
+        """Update ``param`` in place from ``grad`` and ``state`` (this parameter's, updated
+        in place), raw arrays on ``backend``, by kernel calls that read every setting from
+        ``self._hyper_on(backend)``; every optimizer defines it."""
 
     # ------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> dict:
         """The hyperparameters and a copy of every parameter's state, as plain values and
-        numpy arrays (``ta.save`` writes it as it is).
+        numpy arrays (``ta.save`` writes it as it is); each step is a Python int.
 
         Returns:
             ``{"optimizer": class name, "hyperparameters": {...}, "state": [a dict, or None
@@ -217,12 +256,21 @@ class Optimizer(ABC):
             >>> ta.save({"model": model, "optimizer": opt.state_dict()}, "ckpt.npz")
         """
         state = []
-        for entry in self.state:
+        for index, entry in enumerate(self.state):
             if entry is None:
                 state.append(None)
-            else:
-                state.append({key: value.copy() if isinstance(value, np.ndarray) else value
-                              for key, value in entry.items()})
+                continue
+            prepared = self._extras[index]
+            home = prepared[1] if prepared is not None else self.params[index].backend
+            saved = {}
+            for key, value in entry.items():
+                if value is None:
+                    saved[key] = None
+                elif key == "step":
+                    saved[key] = int(np.asarray(home.to_numpy(value)))
+                else:
+                    saved[key] = np.array(home.to_numpy(value), copy=True)
+            state.append(saved)
         return {"optimizer": type(self).__name__, "hyperparameters": self.hyperparameters(),
                 "state": state}
 
@@ -232,7 +280,8 @@ class Optimizer(ABC):
 
         Args:
             state_dict: from ``state_dict()``, possibly through ``ta.save``/``ta.load``; this
-                optimizer must hold parameters of the same shapes in the same order.
+                optimizer must hold parameters of the same shapes in the same order.  The
+                step may be an int or a 0-d array.
 
         Example:
             >>> opt.load_state_dict(ta.load("ckpt.npz")["optimizer"])
@@ -262,10 +311,15 @@ class Optimizer(ABC):
         except (TypeError, ValueError):
             self._set_hyperparameters(**previous)
             raise
-        self.state = restored
-        self._scratch = [None] * len(self.params)
+        self.state = [None if entry is None else
+                      {key: None if value is None else p.backend.asarray(value, value.dtype)
+                       for key, value in entry.items()}
+                      for p, entry in zip(self.params, restored, strict=True)]
+        # Where the state now is; the dtype None has the extras remade at the next step.
+        self._extras = [(None, p.backend, ()) for p in self.params]
 
     def _restore_entry(self, owner: str, index: int, p: Tensor, entry) -> dict | None:
+        """The saved entry checked, as host arrays (the step a 0-d int64 array)."""
         if entry is None:
             return None
         expected = {"step", *self.state_arrays}
@@ -273,7 +327,7 @@ class Optimizer(ABC):
             found = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
             raise ValueError(f"{owner}: state[{index}] should have keys {sorted(expected)}, "
                              f"got {found}")
-        restored = {"step": int(entry["step"])}
+        restored = {"step": np.array(int(entry["step"]), dtype=np.int64)}
         for name in self.state_arrays:
             value = entry[name]
             if value is None:
@@ -309,7 +363,12 @@ class SGD(Optimizer):
         >>> loss.backward(); opt.step(); opt.zero_grad()
     """
 
+    hyper_names = ("lr", "momentum", "dampening", "weight_decay", "nesterov")
     state_arrays = ("momentum_buffer",)
+    momentum = _Hyper("momentum")
+    dampening = _Hyper("dampening")
+    weight_decay = _Hyper("weight_decay")
+    nesterov = _Hyper("nesterov", flag=True)
 
     def __init__(self, params, lr: float, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False):
@@ -333,34 +392,25 @@ class SGD(Optimizer):
         self.momentum, self.dampening = momentum, dampening
         self.weight_decay, self.nesterov = weight_decay, bool(nesterov)
 
-    def _update(self, param, grad, state, scratch) -> None:
-        momentum = self.momentum
-        work, extra = scratch
-        d_p = grad
-        if self.weight_decay != 0.0:
-            np.multiply(param, self.weight_decay, out=work)
-            np.add(grad, work, out=work)
-            d_p = work
-        if momentum != 0.0:
-            buf = state["momentum_buffer"]
-            if buf is None:
-                buf = state["momentum_buffer"] = d_p.copy()
-            else:
-                np.multiply(buf, momentum, out=buf)
-                if self.dampening != 0.0:
-                    np.multiply(d_p, 1.0 - self.dampening, out=extra)
-                    np.add(buf, extra, out=buf)
-                else:
-                    np.add(buf, d_p, out=buf)
-            if self.nesterov:
-                np.multiply(buf, momentum, out=extra)
-                np.add(d_p, extra, out=extra)
-                d_p = extra
-            else:
-                d_p = buf
-        state["step"] += 1
-        np.multiply(d_p, -self._lr, out=work)
-        np.add(param, work, out=param)
+    def _init_state(self, p: Tensor) -> dict:
+        # No buffer without momentum; torch's buffer starts as the first gradient, which the
+        # kernel copies in while ``started`` (an extra) is 0.
+        backend = p.backend
+        buffer = backend.zeros(p.shape, p.dtype) if self.momentum != 0.0 else None
+        return {"step": backend.zeros((), np.int64), "momentum_buffer": buffer}
+
+    def _make_extras(self, backend, state: dict | None) -> tuple:
+        started = state is not None and state["momentum_buffer"] is not None
+        return (backend.asarray(np.array(int(started), dtype=np.int64), np.int64),)
+
+    def _update(self, backend, param, grad, state, extras) -> None:
+        (started,) = extras
+        if self.momentum != 0.0 and state["momentum_buffer"] is None:
+            # Momentum switched on after the first update: a fresh buffer, as torch's.
+            with outside_capture():
+                state["momentum_buffer"] = backend.zeros(param.shape, param.dtype)
+        backend.sgd_(param, grad, state["momentum_buffer"], state["step"], started,
+                     self._hyper_on(backend))
 
 
 class Adam(Optimizer):
@@ -381,13 +431,24 @@ class Adam(Optimizer):
         >>> loss.backward(); opt.step(); opt.zero_grad()
     """
 
+    hyper_names = ("lr", "beta1", "beta2", "eps", "weight_decay")
     state_arrays = ("exp_avg", "exp_avg_sq")
-    scratch_arrays = 0          # the fused update needs none
+    eps = _Hyper("eps")
+    weight_decay = _Hyper("weight_decay")
 
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0):
         super().__init__(params, lr)
         self._set_hyperparameters(lr, betas, eps, weight_decay)
+
+    @property
+    def betas(self) -> tuple[float, float]:
+        return float(self._hyper[1]), float(self._hyper[2])
+
+    @betas.setter
+    def betas(self, value) -> None:
+        self._write_hyper("beta1", value[0])
+        self._write_hyper("beta2", value[1])
 
     def hyperparameters(self) -> dict:
         return {"lr": self.lr, "betas": self.betas, "eps": self.eps,
@@ -404,25 +465,13 @@ class Adam(Optimizer):
         self.betas = (beta1, beta2)
         self.eps, self.weight_decay = eps, weight_decay
 
-    def _init_state(self, param: np.ndarray) -> dict:
-        # C order whatever the parameter's: the fused update reads them flat.
-        return {"step": 0, "exp_avg": np.zeros(param.shape, param.dtype),
-                "exp_avg_sq": np.zeros(param.shape, param.dtype)}
+    def _update(self, backend, param, grad, state, extras) -> None:
+        # One kernel (compiler/reference/optim.py; one fused Numba pass on "cpu"): the step
+        # count and lr come from arrays, the bias corrections are derived from them in double
+        # as torch does, and the result is bit for bit the ufunc sequence torch's formulas spell.
+        backend.adam_(param, grad, state["exp_avg"], state["exp_avg_sq"], state["step"],
+                      self._hyper_on(backend))
 
-    def _update(self, param, grad, state, scratch) -> None:
-        beta1, beta2 = self.betas
-        step = state["step"] = state["step"] + 1
-        # One fused pass (compiler/cpu/optim.py), bit for bit the ufuncs torch's formulas
-        # spell: g = grad + wd*p; m = lerp(m, g, 1 - beta1) (torch's two-branch lerp);
-        # v = v*beta2 + ((1 - beta2)*g)*g; p = p + ((-step_size)*m) / (sqrt(v)/sqrt(bc2) + eps),
-        # the bias corrections in Python floats (double), as torch computes them.
-        adam_update = _kernels.get("adam") or _load_adam()
-        target = param if param.flags.c_contiguous else np.ascontiguousarray(param)
-        step_size, bias_correction2_sqrt = self._lr / (1.0 - beta1**step), (1.0 - beta2**step) ** 0.5
-        adam_update(target, np.ascontiguousarray(grad), state["exp_avg"], state["exp_avg_sq"],
-                    self.weight_decay, beta1, beta2, step_size, bias_correction2_sqrt, self.eps)
-        if target is not param:
-            param[...] = target
 
 
 # ---------------------------------------------------------------- learning-rate schedules

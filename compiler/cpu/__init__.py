@@ -5,7 +5,7 @@ These override the numpy reference kernels of the same names; every other kernel
 device stays the reference one.  One module per kernel family, each with its part of the
 table (``KERNELS``): elementwise, softmax (with cross-entropy), norm (layer normalisation),
 movement (the embedding's scatter), additive (Bahdanau's scores), attention (scaled
-dot-product), rnn (the GRU and LSTM gates).  Matrix products stay on numpy's BLAS: a
+dot-product), rnn (the GRU and LSTM gates), optim (Adam's update).  Matrix products stay on numpy's BLAS: a
 hand-written Numba GEMM reaches ~60 GFLOP/s here against BLAS's ~190, so the fused
 attention kernels call BLAS for their products and Numba for everything between them.
 
@@ -26,10 +26,10 @@ array, which the blocked attention reads strided rather than copy.
 
 from __future__ import annotations
 
-from . import additive, attention, elementwise, movement, norm, rnn, softmax
+from . import additive, attention, elementwise, movement, norm, optim, rnn, softmax
 
 __all__ = ["KERNELS", "FAMILIES"]
 
-FAMILIES = (elementwise, softmax, norm, movement, additive, attention, rnn)
+FAMILIES = (elementwise, softmax, norm, movement, additive, attention, rnn, optim)
 
 KERNELS = {name: fn for family in FAMILIES for name, fn in family.KERNELS.items()}

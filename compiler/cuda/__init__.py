@@ -60,11 +60,11 @@ types of every conformance case (tests/cuda_ptx.py, which needs the CUDA toolkit
 
 from __future__ import annotations
 
-from . import additive, attention, elementwise, linalg, memory, movement, norm, reduce, rnn, softmax
+from . import additive, attention, elementwise, linalg, memory, movement, norm, optim, reduce, rnn, softmax
 from .device import MAX_BLOCKS, ROW_THREADS, SDPA_ROWS, SIMULATOR, THREADS, TILE
 
 __all__ = ["KERNELS", "SIMULATOR", "THREADS", "ROW_THREADS", "TILE", "SDPA_ROWS", "MAX_BLOCKS"]
 
-FAMILIES = (memory, elementwise, reduce, movement, linalg, softmax, norm, additive, attention, rnn)
+FAMILIES = (memory, elementwise, reduce, movement, linalg, softmax, norm, additive, attention, rnn, optim)
 
 KERNELS = {name: fn for family in FAMILIES for name, fn in family.KERNELS.items()}

@@ -7,16 +7,16 @@ A ``*_back`` kernel is the vector-Jacobian product of its partner.
 
 One module per kernel family, each with its part of the table (``KERNELS``), the same
 families as compiler/cpu/ and compiler/cuda/: memory, elementwise, reduce, movement, linalg,
-softmax, norm, attention, rnn.
+softmax, norm, attention, rnn, optim (the optimizers' updates and gradient clipping).
 """
 
 from __future__ import annotations
 
-from . import additive, attention, elementwise, linalg, memory, movement, norm, reduce, rnn, softmax
+from . import additive, attention, elementwise, linalg, memory, movement, norm, optim, reduce, rnn, softmax
 
 __all__ = ["KERNELS", "FAMILIES"]
 
-FAMILIES = (memory, elementwise, reduce, movement, linalg, softmax, norm, additive, attention, rnn)
+FAMILIES = (memory, elementwise, reduce, movement, linalg, softmax, norm, additive, attention, rnn, optim)
 
 KERNELS = {name: fn for family in FAMILIES for name, fn in family.KERNELS.items()}
 

@@ -6,33 +6,22 @@ import math
 
 import numpy as np
 
+from ..autograd import DeviceError
 from ..tensor import Tensor
 
 __all__ = ["clip_grad_norm_"]
 
 
-def _norm(g: np.ndarray, norm_type: float) -> float:
-    if norm_type == 2.0:
-        flat = g.reshape(-1)
-        # One BLAS dot in the gradient's dtype, as torch's float32 norm; no temporary.
-        return math.sqrt(float(np.dot(flat, flat)))
-    if g.size == 0:
-        return 0.0
-    if norm_type == math.inf:
-        return float(np.max(np.abs(g)))
-    if norm_type == 1.0:
-        return float(np.sum(np.abs(g), dtype=np.float64))
-    return float(np.sum(np.abs(g, dtype=np.float64) ** norm_type)) ** (1.0 / norm_type)
-
-
 def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
-                    error_if_nonfinite: bool = False) -> float:
+                    error_if_nonfinite: bool = False) -> Tensor:
     """Scale all gradients together, in place, so that their total norm is at most max_norm:
     g = g * min(1, max_norm / (total + 1e-6)), total = ||(||g_1||, ||g_2||, ...)||_p.
 
     As ``torch.nn.utils.clip_grad_norm_``: parameters without a gradient are skipped, and a
-    NaN total (a NaN gradient) makes every gradient NaN unless ``error_if_nonfinite``.
-    Gradients on the "cuda" device are copied to the host, scaled there and copied back.
+    NaN total (a NaN gradient) makes every gradient NaN unless ``error_if_nonfinite``.  The
+    norm and the scaling are two kernels on the gradients' device (``grad_norm``, ``clip_``),
+    the total staying there as a 0-d array: nothing is read back unless
+    ``error_if_nonfinite`` asks for the check.
 
     Args:
         parameters: an iterable of Parameters (e.g. ``model.parameters()``) or one Tensor.
@@ -42,7 +31,9 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
             NaN or infinite.
 
     Returns:
-        The total norm before clipping, as a float (0.0 when no parameter has a gradient).
+        The total norm before clipping, a 0-d float64 Tensor on the gradients' device (as
+        torch returns a Tensor; ``float(...)`` gives the number); 0.0 when no parameter has
+        a gradient.
 
     Example:
         >>> loss.backward()
@@ -57,34 +48,30 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
         raise ValueError(f"clip_grad_norm_: norm_type must be > 0 or inf, got {norm_type}")
     if not max_norm >= 0.0:
         raise ValueError(f"clip_grad_norm_: max_norm must be >= 0, got {max_norm}")
-    grads = []
+    grads, device = [], None
     for index, p in enumerate(parameters):
         if not isinstance(p, Tensor):
             raise TypeError(f"clip_grad_norm_: parameters[{index}] is a {type(p).__name__}, "
                             f"not a Parameter or Tensor")
+        device = device or p.device
         if p.grad is not None:
             grads.append(p.grad)
     if not grads:
-        return 0.0
-    hosts = [g.data if type(g.data) is np.ndarray else g.backend.to_numpy(g.data) for g in grads]
-    norms = [_norm(h, norm_type) for h in hosts]
-    if norm_type == math.inf:
-        # max() would drop a NaN that is not first; a NaN gradient must show in the total.
-        total = math.nan if any(n != n for n in norms) else max(norms)
-    elif norm_type == 2.0:
-        total = math.sqrt(math.fsum(n * n for n in norms))
-    else:
-        total = math.fsum(n**norm_type for n in norms) ** (1.0 / norm_type)
-    if error_if_nonfinite and not math.isfinite(total):
-        raise RuntimeError(f"clip_grad_norm_: the total norm of order {norm_type} of the "
-                           f"gradients is {total}, so they cannot be clipped; pass "
-                           f"error_if_nonfinite=False to scale them by it anyway")
-    coef = max_norm / (total + 1e-6)
-    # `not coef < 1` would skip a NaN coefficient; torch's clamp passes NaN on to the grads.
-    if coef >= 1.0:
-        return total
-    for g, host in zip(grads, hosts, strict=True):
-        np.multiply(host, coef, out=host)
-        if host is not g.data:
-            g.data.copy_to_device(host)
-    return total
+        return Tensor(0.0, dtype=np.float64, device=device or "cpu")
+    backend = grads[0].backend
+    for g in grads:
+        if g.backend is not backend:
+            raise DeviceError(f"clip_grad_norm_: the gradients are on different devices "
+                              f"({backend.name!r} and {g.backend.name!r}); clip each device's apart")
+    arrays = [g._data for g in grads]
+    total = backend.grad_norm(arrays, norm_type)
+    if error_if_nonfinite:
+        value = float(np.asarray(backend.to_numpy(total)))
+        if not math.isfinite(value):
+            raise RuntimeError(f"clip_grad_norm_: the total norm of order {norm_type} of the "
+                               f"gradients is {value}, so they cannot be clipped; pass "
+                               f"error_if_nonfinite=False to scale them by it anyway")
+    for g in grads:
+        g._version.count += 1                  # scaled in place, as writing ``.data`` counts
+    backend.clip_(arrays, total, max_norm)
+    return Tensor._make(total, backend, False)
