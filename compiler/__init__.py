@@ -25,6 +25,7 @@ Devices:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -65,11 +66,31 @@ class Backend:
             parent.children.append(self)
         self._refresh()
 
+    # The capture (compiler/capture.py) in progress on this device, if any.
+    _recorder = None
+
     def _refresh(self) -> None:
+        # While recording, every kernel is the recorder's wrapper, also those a first call
+        # (re)builds during the capture: they register through here.
+        recorder = self._recorder
         for kernel_name, fn in self.table().items():
-            setattr(self, kernel_name, fn)
+            setattr(self, kernel_name, fn if recorder is None else recorder.wrap(self.name, kernel_name, fn))
         for child in self.children:
             child._refresh()
+
+    @contextlib.contextmanager
+    def recording(self, recorder):
+        """Within the block, this device's kernel calls from ``recorder``'s thread are
+        recorded (``recorder.wrap``); other threads' calls pass through."""
+        if self._recorder is not None:
+            raise RuntimeError(f"device {self.name!r} is already recording a capture")
+        self._recorder = recorder
+        self._refresh()
+        try:
+            yield recorder
+        finally:
+            self._recorder = None
+            self._refresh()
 
     def table(self) -> dict[str, Callable]:
         """Every kernel this device runs, its own overriding its parent's."""
@@ -179,7 +200,7 @@ CPU_KERNELS = ("softmax", "softmax_back", "log_softmax", "log_softmax_back", "ma
                "cross_entropy", "cross_entropy_back", "embedding_back", "additive_scores",
                "additive_scores_back", "sdpa", "sdpa_back", "sdpa_weights", "layer_norm", "layer_norm_back",
                "gru_gates", "gru_gates_back", "lstm_cell_state", "lstm_cell_state_back",
-               "lstm_hidden", "lstm_hidden_back")
+               "lstm_hidden", "lstm_hidden_back", "adam_")
 
 
 def _load_cpu_kernels(name: str) -> Callable:

@@ -2,11 +2,14 @@
 device overrides (forward and backward, float32 and float64) and, with hypothesis shapes,
 every kernel a device overrides."""
 
+import copy
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.test_optim_kernels import optimizer_kernels
 from tinygrad_attn import Tensor
 from tinygrad_attn.autograd import registry
 from tinygrad_attn.compiler import available_devices, elementwise_formulas, formulas, get_backend
@@ -304,8 +307,24 @@ def lookups(rng, dtype, shape):
             ("nll_loss_back", ((n, c), target, 0, dloss)), ("embedding", (weight, ids))]
 
 
-PRIMITIVES = [arithmetic, memory, reductions, movement, linear_algebra, lookups]
-GENERATORS += PRIMITIVES
+def losses_and_draws(rng, dtype, shape):
+    """A mean loss's kept-row count and its divisor, the id guard on ids in range (it
+    returns None; ``fail`` must not be called) and dropout's multiplier from a fresh seed."""
+    target = rng.integers(0, 3, size=shape)
+    count = REFERENCE.count_ne(target, 0)
+
+    def fail(ids):
+        raise AssertionError(f"guard_ids flagged ids in range: {ids}")
+
+    seeded = np.random.default_rng(int(rng.integers(2**32)))
+    return [("count_ne", (target, 0)), ("count_ne", (target, -(2**63))), ("clamp_divisor", (count, dtype)),
+            ("clamp_divisor", (np.zeros((), np.int64), dtype)), ("guard_ids", (target, 3, None, fail)),
+            ("guard_ids", (target - 1, 2, -1, fail)), ("dropout_multiplier", (seeded, shape, 0.25, dtype))]
+
+
+PRIMITIVES = [arithmetic, memory, reductions, movement, linear_algebra, lookups, losses_and_draws]
+# The optimizers' kernels: what the in-place ones write is compared in test_optim_kernels.py.
+GENERATORS += [*PRIMITIVES, optimizer_kernels]
 
 
 def to_device(backend, args):
@@ -382,7 +401,9 @@ def test_overridden_kernels_match_the_reference(device, generator, shape, dtype,
         if name not in backend.kernels or too_big(device, args):
             continue
         # Copies for the reference: an in-place kernel (add_) writes into its first argument.
-        reference_args = tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)
+        # A generator is copied too: both sides draw the same stream.
+        reference_args = tuple(a.copy() if isinstance(a, np.ndarray) else
+                               copy.deepcopy(a) if isinstance(a, np.random.Generator) else a for a in args)
         with np.errstate(all="ignore"):         # signed bases of powers, on both sides
             want = getattr(REFERENCE, name)(*reference_args)
             got = to_host(backend, getattr(backend, name)(*to_device(backend, args)))

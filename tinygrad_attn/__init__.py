@@ -18,6 +18,7 @@ from .autograd import (
     no_grad,
     scope,
 )
+from .compiled import CaptureError, compile
 from .compiler.threads import get_num_threads, set_num_threads
 from .random import manual_seed
 from .serialize import SerializationError, load, save
@@ -56,6 +57,8 @@ __all__ = [
     "save",
     "load",
     "SerializationError",
+    "compile",
+    "CaptureError",
 ]
 
 

@@ -66,6 +66,8 @@ class _State(threading.local):
         self.grad_enabled = True
         self.scope_paths: list[str] = [""]     # "", "a", "a/b", ...: the scope path at each depth
         self.anomaly = False
+        # The ta.compile capture running on this thread (tinygrad_attn/compiled.py), or None.
+        self.capture = None
 
 
 _state = _State()
@@ -137,6 +139,20 @@ class scope(contextlib.ContextDecorator):
 
 def current_scope() -> str:
     return _state.scope_paths[-1]
+
+
+@contextlib.contextmanager
+def outside_capture():
+    """One-time set-up inside a step (an optimizer's state, made on its first update): under
+    ``ta.compile``'s capture its kernel calls are not recorded, so a plan binds what they
+    made by identity (read as it is at each replay) instead of making it afresh each time.
+    Outside a capture this does nothing."""
+    capture = _state.capture
+    if capture is None:
+        yield
+        return
+    with capture.recorder.paused():
+        yield
 
 
 class detect_anomaly(contextlib.ContextDecorator):
@@ -263,7 +279,12 @@ class Op:
         record = _state.grad_enabled and True in needs_grad
         if record:
             op.needs_grad = needs_grad
+        capture = _state.capture
+        if capture is not None:
+            capture.enter_op(op, inputs)
         data = op.forward(*[t._data for t in inputs])
+        if capture is not None:
+            capture.leave_op()
         out = _output_type._make(data, backend, record)
         if getattr(data, "base", None) is not None:
             _share_version(out, inputs)
@@ -531,7 +552,10 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
             )
         grad_data = root.backend.full(root.shape, 1.0, root.dtype)
     else:
-        grad_data = root.backend.asarray(getattr(grad, "data", grad), root.dtype)
+        # While capturing, .data would refuse: read the array itself (nothing is handed out).
+        given = grad._data if _state.capture is not None and isinstance(grad, _output_type) else \
+            getattr(grad, "data", grad)
+        grad_data = root.backend.asarray(given, root.dtype)
         if tuple(grad_data.shape) != root.shape:
             raise ShapeError(f"backward(): grad has shape {tuple(grad_data.shape)} "
                              f"but the tensor has shape {root.shape}")
@@ -542,6 +566,7 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
     # hands the same dy to both inputs), so the first sum always makes a new one.
     owned: set[int] = set()
     anomaly = _state.anomaly
+    capture = _state.capture
     finished: list[tuple[Any, Any]] = []          # (tensor, its gradient), written at the end
     for t in toposort(root):
         g = grads.pop(id(t), None)
@@ -564,6 +589,8 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
         if node.versions != _counts(node.inputs) or \
                 t._version.count != node.out_version:
             _changed_in_place(t, node)
+        if capture is not None:
+            capture.backward_of(node)
         input_grads = op.backward(g)
         if len(input_grads) != len(node.inputs):
             raise RuntimeError(f"{op.name}.backward returned {len(input_grads)} gradients "
@@ -584,6 +611,8 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
         if not retain_graph:
             op.saved = ()
             op.freed = True
+    if capture is not None:
+        capture.backward_done(retain_graph)
     for t, g in finished:
         t._accumulate_grad(g)
 

@@ -101,7 +101,7 @@ class Tensor:
         array([[2., 4.]], dtype=float32)
     """
 
-    __slots__ = ("_data", "_version", "backend", "requires_grad", "grad", "node", "name",
+    __slots__ = ("_data", "_version", "backend", "requires_grad", "_grad", "node", "name",
                  "_retains_grad")
     # Make numpy defer to Tensor's reflected operators: ndarray * Tensor -> Tensor.__rmul__.
     __array_ufunc__ = None
@@ -123,7 +123,7 @@ class Tensor:
         self._data = self.backend.asarray(np.array(array, dtype=resolved, copy=True), resolved)
         self._version = Version()
         self.requires_grad = bool(requires_grad)
-        self.grad: Tensor | None = None
+        self._grad: Tensor | None = None
         self.node: Node | None = None
         self.name = name
         self._retains_grad = False
@@ -136,7 +136,7 @@ class Tensor:
         t._version = Version()
         t.backend = backend
         t.requires_grad = requires_grad
-        t.grad = None
+        t._grad = None
         t.node = None
         t.name = None
         t._retains_grad = False
@@ -155,13 +155,30 @@ class Tensor:
         computing gradients from the new values.  So change values after backward (as an
         optimizer step does), and read them with ``.numpy()``, which is free of this rule.
         """
+        if autograd._state.capture is not None:
+            autograd._state.capture.refuse(".data handed out")
         self._version.count += 1
         return self._data
 
     @data.setter
     def data(self, array) -> None:
+        if autograd._state.capture is not None:
+            autograd._state.capture.refuse(".data assigned")
         self._version.count += 1
         self._data = array
+
+    @property
+    def grad(self) -> Tensor | None:
+        """The gradient ``backward()`` accumulated into this leaf (None until then)."""
+        if autograd._state.capture is not None:
+            autograd._state.capture.grad_read(self)
+        return self._grad
+
+    @grad.setter
+    def grad(self, value: Tensor | None) -> None:
+        if autograd._state.capture is not None:
+            autograd._state.capture.grad_set(self)
+        self._grad = value
 
     @property
     def version(self) -> int:
@@ -317,11 +334,13 @@ class Tensor:
         return self
 
     def _accumulate_grad(self, g) -> None:
-        if self.grad is None:
+        if autograd._state.capture is not None:
+            autograd._state.capture.grad_read(self)
+        if self._grad is None:
             # Copy: one gradient array may be shared by several inputs (e.g. both sides of a+b).
-            self.grad = Tensor._make(self.backend.copy(g), self.backend, False)
+            self._grad = Tensor._make(self.backend.copy(g), self.backend, False)
         else:
-            self.grad = Tensor._make(self.backend.add(self.grad._data, g), self.backend, False)
+            self._grad = Tensor._make(self.backend.add(self._grad._data, g), self.backend, False)
 
     # ------------------------------------------------------------ operand handling
 

@@ -15,6 +15,7 @@ from numba import cuda
 
 from .. import reference
 from ..formulas import Kernel
+from ..source import compile_source
 from .device import THREADS, _at, _blocks, _broadcast_strides, _collapse, _empty, _flat, _launch, _strides
 
 
@@ -36,10 +37,10 @@ def _launcher_source(arrays: int, params: int, same_shape: bool) -> str:
 
 def _compile(kernel: Kernel, same_shape: bool):
     namespace = {"math": math}
-    exec(compile(kernel.scalar, f"<kernel {kernel.name}>", "exec"), namespace)  # noqa: S102 - printed formula
+    compile_source(kernel.scalar, f"<kernel {kernel.name}>", namespace)
     scope = {"cuda": cuda, "_at": _at, "f": cuda.jit(device=True)(namespace[kernel.name])}
-    exec(compile(_launcher_source(len(kernel.args), len(kernel.params), same_shape),  # noqa: S102
-                 f"<kernel {kernel.name} launcher>", "exec"), scope)
+    compile_source(_launcher_source(len(kernel.args), len(kernel.params), same_shape),
+                   f"<kernel {kernel.name} launcher>", scope)
     return cuda.jit(scope["run"])
 
 

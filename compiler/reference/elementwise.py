@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from ..formulas import Kernel
+from ..source import compile_source
 
 
 def add_(a, b):
@@ -51,7 +52,7 @@ def build(kernel: Kernel):
     if kernel.ufunc is not None:
         return getattr(np, kernel.ufunc)
     namespace = {"numpy": np, "_as": _as, "_erf": _erf}
-    exec(compile(kernel.numpy, f"<kernel {kernel.name}>", "exec"), namespace)  # noqa: S102 - our own printed formula
+    compile_source(kernel.numpy, f"<kernel {kernel.name}>", namespace)
     return quiet_overflow(namespace[kernel.name]) if kernel.overflows else namespace[kernel.name]
 
 

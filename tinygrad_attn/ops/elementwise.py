@@ -16,6 +16,7 @@ import numpy as np
 
 from ..autograd import Example, Op, register
 from ..compiler import Formula, define_elementwise, formulas
+from ..compiler.source import compile_source
 from ._common import (
     broadcast_shape,
     check_bool,
@@ -140,7 +141,7 @@ def _generate(cls) -> None:
     source = "\n".join(line for line in forward + [""] + backward if line) + "\n"
     namespace = {"check_float": check_float, "check_same_dtype": check_same_dtype,
                  "broadcast_shape": broadcast_shape}
-    exec(compile(source, f"<{cls.name} generated from its formula>", "exec"), namespace)
+    compile_source(source, f"<{cls.name} generated from its formula>", namespace)
     cls.forward, cls.backward, cls.source = namespace["forward"], namespace["backward"], source
 
 

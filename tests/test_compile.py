@@ -1,0 +1,352 @@
+"""ta.compile: a replayed plan equals the eager run (bitwise: nothing is fused), call after call
+with new input values (what catches a value frozen at capture), and refuses what it cannot replay."""
+
+import linecache
+import traceback
+
+import numpy as np
+import pytest
+
+import tinygrad_attn as ta
+from tinygrad_attn import functional as F
+from tinygrad_attn import nn
+
+DEVICES = ["cpu", "numpy"]
+STEPS = 4
+
+
+def _tensor(array, device, grad=False):
+    return ta.Tensor(array, dtype="float64", device=device, requires_grad=grad)
+
+
+def _grads(params):
+    return [None if p.grad is None else p.grad.numpy().copy() for p in params]
+
+
+def _assert_same(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        if w is None:
+            assert g is None
+        else:
+            np.testing.assert_array_equal(g, w)
+
+
+def _twin(make, device):
+    """Two modules with the same float64 weights: one for the compiled function, one eager."""
+    ta.manual_seed(0)
+    compiled = make().astype(np.float64).to(device)
+    eager = make().astype(np.float64).to(device)
+    eager.load_state_dict(compiled.state_dict())
+    return compiled, eager
+
+
+def _run_twins(make, loss_of, inputs, device, steps=STEPS):
+    """Call ``loss_of(model, *inputs(k))`` compiled and eagerly ``steps`` times (gradients
+    accumulate in both: a capture with .grad None, then one with .grad set) and compare the
+    losses and every gradient bitwise."""
+    compiled_model, eager_model = _twin(make, device)
+
+    def step(*args):
+        loss = loss_of(compiled_model, *args)
+        loss.backward()
+        return loss
+
+    compiled = ta.compile(step)
+    for k in range(steps):
+        args = inputs(k)
+        got = compiled(*args)
+        want = loss_of(eager_model, *args)
+        want.backward()
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+        _assert_same(_grads(compiled_model.parameters()), _grads(eager_model.parameters()))
+    assert compiled.stats.captures == 2            # .grad None, then .grad accumulating
+    assert compiled.stats.replays == steps - 2
+    return compiled
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_tiny_graph_bitwise_over_replays(device):
+    rng = np.random.default_rng(1)
+
+    def f(a, b):
+        loss = (a * b + a).sum()
+        loss.backward()
+        return loss
+
+    step = ta.compile(f)
+    for _ in range(STEPS):
+        an, bn = rng.standard_normal(5), rng.standard_normal(5)
+        a, b = _tensor(an, device, True), _tensor(bn, device, True)
+        a2, b2 = _tensor(an, device, True), _tensor(bn, device, True)
+        np.testing.assert_array_equal(step(a, b).numpy(), f(a2, b2).numpy())
+        _assert_same(_grads([a, b]), _grads([a2, b2]))
+    assert (step.stats.plans, step.stats.captures, step.stats.replays) == (1, 1, STEPS - 1)
+
+
+class _MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden = nn.Linear(6, 16)
+        self.out = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.out(self.hidden(x).relu())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_mlp_cross_entropy_equals_eager(device):
+    rng = np.random.default_rng(2)
+    data = [(rng.standard_normal((8, 6)), rng.integers(0, 4, 8)) for _ in range(STEPS)]
+
+    def inputs(k):
+        x, y = data[k]
+        return _tensor(x, device), ta.Tensor(y, device=device)
+
+    _run_twins(_MLP, lambda m, x, y: F.cross_entropy(m(x), y), inputs, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_scaled_dot_product_equals_eager(device):
+    rng = np.random.default_rng(3)
+    data = [[rng.standard_normal((2, 3, 5, 4)) for _ in range(3)] for _ in range(STEPS)]
+
+    def f(q, k, v):
+        out, _ = ta.attention.scaled_dot_product(q, k, v, need_weights=False)
+        loss = (out * out).sum()
+        loss.backward()
+        return loss
+
+    step = ta.compile(f)
+    for arrays in data:
+        got_in = [_tensor(a, device, True) for a in arrays]
+        want_in = [_tensor(a, device, True) for a in arrays]
+        np.testing.assert_array_equal(step(*got_in).numpy(), f(*want_in).numpy())
+        _assert_same(_grads(got_in), _grads(want_in))
+    assert step.stats.replays == STEPS - 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_multi_head_attention_equals_eager(device):
+    rng = np.random.default_rng(4)
+    data = [(rng.standard_normal((2, 5, 8)), rng.standard_normal((2, 7, 8))) for _ in range(STEPS)]
+
+    def loss_of(m, x, memory):
+        out, _ = m(x, memory, memory, need_weights=False)
+        return (out * out).mean()
+
+    _run_twins(lambda: nn.MultiHeadAttention(8, 2), loss_of,
+               lambda k: tuple(_tensor(a, device) for a in data[k]), device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_transformer_layer_equals_eager(device):
+    rng = np.random.default_rng(5)
+    data = [rng.standard_normal((2, 6, 8)) for _ in range(STEPS)]
+
+    def make():
+        return nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0)
+
+    _run_twins(make, lambda m, x: (m(x) ** 2).mean(), lambda k: (_tensor(data[k], device),), device)
+
+
+def test_compile_new_shape_captures_a_new_plan():
+    step = ta.compile(lambda x: (x * 2.0).sum())
+    for n in (3, 4, 3, 4):
+        x = np.arange(n, dtype=np.float32)
+        assert step(ta.Tensor(x)).item() == 2 * x.sum()
+    assert (step.stats.plans, step.stats.captures, step.stats.replays) == (2, 2, 2)
+    assert len(step.plans) == 2
+
+
+def test_compile_replaced_parameter_recaptures_and_uses_new_weights():
+    model = nn.Linear(3, 2)
+    step = ta.compile(ta.no_grad()(lambda x: model(x)))
+    x = ta.Tensor(np.ones((1, 3)))
+    step(x)
+    step(x)
+    new = {k: v + 1.0 for k, v in model.state_dict().items()}
+    model.load_state_dict(new)                # replaces every parameter's array
+    got = step(x).numpy()
+    with ta.no_grad():
+        np.testing.assert_array_equal(got, model(x).numpy())
+    assert step.stats.captures == 2 and step.stats.plans == 1
+
+
+def test_compile_item_inside_raises_naming_the_line():
+    def f(x):
+        y = (x * x).sum()
+        return y * y.item()                    # the offending line
+
+    with pytest.raises(ta.CaptureError, match=r"test_compile\.py:\d+: return y \* y\.item\(\)"):
+        ta.compile(f)(ta.Tensor([1.0, 2.0]))
+
+
+@pytest.mark.parametrize("read", [lambda t: t.numpy(), float, bool, lambda t: t.tolist(),
+                                  lambda t: t.data], ids=["numpy", "float", "bool", "tolist", "data"])
+def test_compile_host_reads_raise(read):
+    def f(x):
+        y = x.sum()
+        read(y)
+        return y
+
+    with pytest.raises(ta.CaptureError, match="while capturing"):
+        ta.compile(f)(ta.Tensor([1.0, 2.0]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_cross_entropy_ignore_index_counts_each_call(device):
+    # The mean divides by the rows kept: a count frozen at capture would show on call 2.
+    rng = np.random.default_rng(6)
+    data = [(rng.standard_normal((8, 6)), rng.integers(0, 4, 8)) for _ in range(STEPS)]
+
+    def inputs(k):
+        x, y = data[k]
+        return _tensor(x, device), ta.Tensor(y, device=device)
+
+    _run_twins(_MLP, lambda m, x, y: F.cross_entropy(m(x), y, ignore_index=0), inputs, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_training_step_with_adam_equals_eager(device):
+    rng = np.random.default_rng(7)
+    data = [(rng.standard_normal((8, 6)), rng.integers(0, 4, 8)) for _ in range(10)]
+    compiled_model, eager_model = _twin(_MLP, device)
+    optimizers = [ta.optim.Adam(m.parameters(), lr=0.01) for m in (compiled_model, eager_model)]
+
+    def train_step(model, optimizer, x, y):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    step = ta.compile(lambda x, y: train_step(compiled_model, optimizers[0], x, y))
+    for k, (x, y) in enumerate(data):
+        if k == 5:                               # a schedule's change, read by the replay
+            for optimizer in optimizers:
+                optimizer.lr = 0.003
+        got = step(_tensor(x, device), ta.Tensor(y, device=device))
+        want = train_step(eager_model, optimizers[1], _tensor(x, device), ta.Tensor(y, device=device))
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+        for p, q in zip(compiled_model.parameters(), eager_model.parameters(), strict=True):
+            np.testing.assert_array_equal(p.numpy(), q.numpy())
+            np.testing.assert_array_equal(p.grad.numpy(), q.grad.numpy())
+    assert "adam_" in step.source
+    # .grad None on the first call, set on the second: zero_grad reads it, so two plans.
+    assert (step.stats.captures, step.stats.replays) == (2, 8)
+
+
+@pytest.mark.parametrize("make_optimizer", [lambda ps: ta.optim.Adam(ps, lr=0.01),
+                                            lambda ps: ta.optim.SGD(ps, lr=0.1, momentum=0.9)],
+                         ids=["adam", "sgd-momentum"])
+def test_compile_optimizer_state_made_while_capturing_is_kept_not_remade(make_optimizer):
+    """The step's first call makes the optimizer's state (zeroed moments, step counts) and the
+    same plan replays from then on (the gradients are cleared outside, so every call starts
+    alike): the plan must bind that state, not make it afresh at every replay."""
+    rng = np.random.default_rng(8)
+    data = [(rng.standard_normal((8, 6)), rng.integers(0, 4, 8)) for _ in range(6)]
+    compiled_model, eager_model = _twin(_MLP, "cpu")
+    optimizers = [make_optimizer(m.parameters()) for m in (compiled_model, eager_model)]
+
+    def train_step(model, optimizer, x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    step = ta.compile(lambda x, y: train_step(compiled_model, optimizers[0], x, y))
+    for x, y in data:
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        step(_tensor(x, "cpu"), ta.Tensor(y))
+        train_step(eager_model, optimizers[1], _tensor(x, "cpu"), ta.Tensor(y))
+        for p, q in zip(compiled_model.parameters(), eager_model.parameters(), strict=True):
+            np.testing.assert_array_equal(p.numpy(), q.numpy())
+    assert (step.stats.captures, step.stats.replays) == (1, 5)
+    assert "zeros" not in step.source                   # the state is bound, not remade
+    assert int(optimizers[0].state[0]["step"]) == int(optimizers[1].state[0]["step"]) == 6
+
+
+def test_compile_python_number_argument_must_be_static():
+    def f(x, scale):
+        return x * scale
+
+    with pytest.raises(TypeError, match="'scale' is the Python number 2.0.*static"):
+        ta.compile(f)(ta.Tensor([1.0]), 2.0)
+    step = ta.compile(f, static=("scale",))
+    for scale in (2.0, 3.0, 2.0):
+        assert step(ta.Tensor([1.0]), scale).item() == scale
+    assert (step.stats.captures, step.stats.replays) == (2, 1)
+
+
+def test_compile_cap_runs_eagerly_with_one_warning():
+    step = ta.compile(lambda x: x + 1.0, max_plans=2)
+    with pytest.warns(UserWarning, match="max_plans") as caught:
+        for n in range(1, 6):
+            np.testing.assert_array_equal(step(ta.Tensor(np.zeros(n))).numpy(), np.ones(n))
+    assert len(caught) == 1
+    assert (step.stats.plans, step.stats.eager_calls) == (2, 3)
+
+
+def test_compile_switched_off_by_environment(monkeypatch):
+    monkeypatch.setenv("TINYGRAD_ATTN_COMPILE", "0")
+    step = ta.compile(lambda x: x.sum().item())            # a host read: fine eagerly
+    assert step(ta.Tensor([1.0, 2.0])) == 3.0
+    assert (step.stats.captures, step.stats.eager_calls) == (0, 1)
+
+
+def test_compile_source_is_python_and_shows_in_tracebacks():
+    step = ta.compile(ta.no_grad()(lambda x, w: x @ w))
+    step(ta.Tensor(np.ones((2, 3))), ta.Tensor(np.ones((3, 4))))
+    plan = step.plans[0]
+    compile(plan.source, "<check>", "exec")
+    assert "matmul" in plan.source
+    lines = linecache.getlines(plan.filename)
+    assert "".join(lines) == plan.source
+    with pytest.raises(ValueError) as info:                 # shapes the plan was not made for
+        plan.fn(np.ones((2, 3), np.float32), np.ones((5, 4), np.float32))
+    text = "".join(traceback.format_exception(info.value))
+    assert plan.filename in text and "matmul" in text.split(plan.filename)[-1]
+
+
+def test_compile_other_thread_is_not_recorded():
+    import threading
+
+    results = []
+    started, release = threading.Event(), threading.Event()
+
+    def other():
+        started.set()
+        release.wait(5)
+        results.append((ta.Tensor([1.0, 2.0]) * 3.0).sum().item())
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    started.wait(5)
+
+    def f(x):
+        release.set()
+        thread.join(5)                       # the other thread's ops run during the capture
+        return x * 2.0
+
+    step = ta.compile(ta.no_grad()(f))
+    step(ta.Tensor([1.0]))
+    assert results == [9.0]
+    assert "mul" in step.source and "sum" not in step.source
+
+
+def test_generated_op_and_kernel_code_shows_in_tracebacks_and_getsource():
+    """An elementwise op's generated forward/backward and a reference formula kernel are
+    registered with linecache under readable names, not run as anonymous <string> code."""
+    import inspect
+
+    x = ta.Tensor(np.array([0.5, -1.0]), dtype="float64", requires_grad=True)
+    x.sigmoid().sum().backward()
+    forward = ta.ops.Sigmoid.forward
+    assert forward.__code__.co_filename == "<Sigmoid generated from its formula>"
+    assert "def forward" in inspect.getsource(forward)
+    kernel = ta.compiler.get_backend("numpy").sigmoid_back
+    kernel = getattr(kernel, "install", lambda: kernel)()
+    assert kernel.__code__.co_filename.startswith("<kernel sigmoid_back")
+    assert inspect.getsource(kernel).lstrip().startswith("def sigmoid_back")
