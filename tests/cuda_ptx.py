@@ -38,6 +38,10 @@ def _stand_in_device(cc):
 
 def _conformance_generators():
     path = Path(__file__).with_name("test_conformance.py")
+    # It imports its neighbours as the package ``tests``, as pytest does from the repository root.
+    root = str(path.parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
     spec = importlib.util.spec_from_file_location("conformance", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
