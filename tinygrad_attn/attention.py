@@ -41,7 +41,7 @@ from . import functional
 from .autograd import DTypeError, ShapeError, current_scope, scope
 from .ops import AdditiveScores, MaskedSoftmax, ScaledDotProduct
 from .shapes import batch_shape, broadcasts_to
-from .tensor import Tensor
+from .tensor import Tensor, where
 
 __all__ = [
     "dot",
@@ -218,6 +218,18 @@ def _check_tensor(fname: str, x, what: str, min_ndim: int) -> Tensor:
     return x
 
 
+def _mask_and(a, b, like: Tensor):
+    """a AND b, boolean masks that broadcast together.  Two host arrays (masks an eager caller
+    built) combine in numpy; otherwise with the ``where`` kernel (a where b else False), so a
+    mask computed from a step's ids is never read back to the host and a compiled step
+    computes it afresh from each batch.  Either way the same booleans."""
+    if not isinstance(a, Tensor) and not isinstance(b, Tensor):
+        return np.logical_and(a, b)
+    a = a if isinstance(a, Tensor) else Tensor(a, device=like.device)
+    b = b if isinstance(b, Tensor) else Tensor(b, device=like.device)
+    return where(a, b, False)
+
+
 def _as_mask(mask, like: Tensor) -> Tensor:
     if isinstance(mask, Tensor):
         return mask
@@ -292,7 +304,7 @@ class _Layout:
         if self.mask is None:
             self.mask = Tensor(extra, device=self.query.device)
         else:
-            self.mask = Tensor(np.logical_and(self.mask.numpy(), extra), device=self.query.device)
+            self.mask = _mask_and(self.mask, extra, self.query)
 
     def finish(self, scores: Tensor, dropout: float = 0.0, need_weights: bool = True):
         """Scores (..., T_q, T_k) -> (context, weights), back in the caller's layout."""
@@ -592,19 +604,20 @@ def multi_head(query: Tensor, key: Tensor, value: Tensor, num_heads: int, W_q: T
 
 
 def _head_mask(fname, key_mask, mask, B, H, T, S, like, unbatched):
-    """key_mask (B, S) and mask (broadcast to (B, H, T, S)) as one boolean mask."""
+    """key_mask (B, S) and mask (broadcast to (B, H, T, S)) as one boolean mask.  A Tensor
+    key mask (e.g. ``src != 0`` of Tensor ids) stays on the device: only its shape is read."""
     combined = None
     if key_mask is not None:
-        km = np.asarray(key_mask.numpy() if isinstance(key_mask, Tensor) else key_mask)
+        km = key_mask if isinstance(key_mask, Tensor) else np.asarray(key_mask)
         if unbatched and km.ndim == 1:
-            km = km[None]
+            km = km.reshape(1, km.shape[0])
         if km.dtype != np.bool_:
             raise DTypeError(f"attention.{fname}: key_mask must be boolean (True = real token), got "
                              f"{km.dtype}; compare ids with the padding id, e.g. src != 0")
         if km.shape != (B, S):
             _fail(fname, f"key_mask must be boolean (B, S) = ({B}, {S}) with True = real token, "
                          f"got {km.dtype} of shape {km.shape}")
-        combined = km[:, None, None, :]                                      # (B, 1, 1, S)
+        combined = km.reshape(B, 1, 1, S)                                    # (B, 1, 1, S)
     if mask is not None:
         m = mask if isinstance(mask, Tensor) else np.asarray(mask)
         if m.dtype != np.bool_ or not broadcasts_to(m.shape, (B, H, T, S)):
@@ -612,9 +625,10 @@ def _head_mask(fname, key_mask, mask, B, H, T, S, like, unbatched):
                          f"got {m.dtype} of shape {m.shape}")
         if combined is None and isinstance(m, Tensor):
             return m                # as given, so a traced export sees the caller's own tensor
-        m = m.numpy() if isinstance(m, Tensor) else m
-        combined = m if combined is None else np.logical_and(combined, m)
-    return None if combined is None else Tensor(combined, device=like.device)
+        combined = m if combined is None else _mask_and(combined, m, like)
+    if combined is None or isinstance(combined, Tensor):
+        return combined
+    return Tensor(combined, device=like.device)
 
 
 def graph(x: Tensor, adjacency, W: Tensor, a_src: Tensor, a_dst: Tensor, heads: int = 1,

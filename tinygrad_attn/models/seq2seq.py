@@ -58,7 +58,7 @@ class Memory:
 
     keys: Tensor | None          # (B, S, K) encoder outputs h_j (also the values)
     keys_proj: Tensor | None     # (B, S, d_a) W_k h_j for additive and concat scores
-    mask: np.ndarray             # (B, S) True at real tokens
+    mask: np.ndarray | Tensor    # (B, S) True at real tokens (a Tensor for Tensor ids)
     key_mask: Tensor             # (B, 1, S) the same, as the attention calls take it
     states: list                 # the decoder's initial state (B, 1, H), one per layer
 
@@ -168,8 +168,8 @@ class Seq2Seq(TorchTwin, nn.Module):
         Returns:
             (logits (B, T, V), weights (B, T, S) or None without attention), Tensors.
         """
-        src = _ids(src, "src", "Seq2Seq", empty=True)
-        tgt_in = _ids(tgt_in, "tgt_in", "Seq2Seq")
+        src = _batch_ids(src, "src", "Seq2Seq", self.out.weight.device, empty=True)
+        tgt_in = _batch_ids(tgt_in, "tgt_in", "Seq2Seq", self.out.weight.device)
         if tgt_in.shape[0] != src.shape[0]:
             raise ShapeError(f"Seq2Seq: src {src.shape} and tgt_in {tgt_in.shape} differ in batch size")
         memory = self.encode(src)
@@ -194,9 +194,10 @@ class Seq2Seq(TorchTwin, nn.Module):
         """Mean cross-entropy of the teacher-forced logits against ``tgt_out`` (the target
         then ``<end>``), ignoring padding."""
         logits, _ = self(src, tgt_in)
-        return cross_entropy(logits, _ids(tgt_out, "tgt_out", "Seq2Seq"), ignore_index=PAD)
+        target = _batch_ids(tgt_out, "tgt_out", "Seq2Seq", self.out.weight.device)
+        return cross_entropy(logits, target, ignore_index=PAD)
 
-    def _luong_teacher_forced(self, tgt_in: np.ndarray, memory: Memory):
+    def _luong_teacher_forced(self, tgt_in: np.ndarray | Tensor, memory: Memory):
         with scope(scopes.DECODER):
             inputs = []
             for t in range(tgt_in.shape[1]):
@@ -220,7 +221,7 @@ class Seq2Seq(TorchTwin, nn.Module):
         source of width 0 is a batch of empty sources: what a row of only padding gives (the
         initial states), with keys of width 0.
         """
-        src = _ids(src, "src", "Seq2Seq", empty=True)
+        src = _batch_ids(src, "src", "Seq2Seq", self.out.weight.device, empty=True)
         if src.shape[1] == 0:
             # The RNN needs a step to run: one padding column leaves every state where it began.
             memory = self.encode(np.zeros((src.shape[0], 1), dtype=np.int64))
@@ -238,7 +239,10 @@ class Seq2Seq(TorchTwin, nn.Module):
             keys_proj = None
             if self.attention_kind in ("additive", "concat"):
                 keys_proj = self.attention.keys_projection(keys)                 # (B, S, d_a)
-        key_mask = Tensor(mask[:, None, :], device=self.out.weight.device)       # (B, 1, S)
+        if isinstance(mask, Tensor):
+            key_mask = mask.reshape(mask.shape[0], 1, mask.shape[1])             # (B, 1, S)
+        else:
+            key_mask = Tensor(mask[:, None, :], device=self.out.weight.device)   # (B, 1, S)
         return Memory(keys, keys_proj, mask, key_mask, states)
 
     def _bridge(self, finals: list) -> list:
@@ -272,7 +276,7 @@ class Seq2Seq(TorchTwin, nn.Module):
         top = states[-1]
         return top[0] if self.cell == "lstm" else top
 
-    def _step(self, y_prev: np.ndarray, states: list, memory: Memory):
+    def _step(self, y_prev: np.ndarray | Tensor, states: list, memory: Memory):
         """One decoder step from the previous token ids (B, 1): returns (the top state s_i
         (B, 1, H), the context c_i (B, 1, K) and weights (B, 1, S), or None without
         attention, and the new states)."""
@@ -411,6 +415,21 @@ def _ids(x, what: str, where: str = "Seq2Seq", empty: bool = False) -> np.ndarra
         raise ShapeError(f"{where}: {what} must be {kind} (B, L) of token ids, got {array.dtype} of shape "
                          f"{array.shape}")
     return array.astype(np.int64, copy=False)
+
+
+def _batch_ids(x, what: str, where: str, device: str, empty: bool = False) -> np.ndarray | Tensor:
+    """``_ids`` for teacher forcing, where a Tensor of ids on the model's ``device`` stays a
+    Tensor: only its shape and dtype are checked, its values never read on the host, so the
+    masks and per-step columns computed from it are kernels (a compiled training step
+    computes them from each batch).  Host ids, and ids on another device, take the host path
+    as before.  The two paths give the same values (the RNN's masking: ``nn.RNN``)."""
+    if not isinstance(x, Tensor) or x.device != device:
+        return _ids(x, what, where, empty)
+    if x.ndim != 2 or x.dtype.kind not in "iu" or (x.shape[1] == 0 and not empty):
+        kind = "an integer array" if empty else "a non-empty integer array"
+        raise ShapeError(f"{where}: {what} must be {kind} (B, L) of token ids, got {x.dtype} of shape "
+                         f"{x.shape}")
+    return x.astype(np.int64)
 
 
 def _memory_rows(memory: Memory, rows: np.ndarray) -> Memory:

@@ -26,7 +26,7 @@ from ..autograd import ShapeError, scope
 from ..nn.transformer import check_layer_arguments
 from ..tensor import Tensor, cat
 from . import decoding
-from .seq2seq import PAD, START, _ids, _size
+from .seq2seq import PAD, START, _batch_ids, _ids, _size
 from .twin import TorchTwin
 
 __all__ = ["Transformer", "sinusoids"]
@@ -132,8 +132,8 @@ class Transformer(TorchTwin, nn.Module):
 
     # ------------------------------------------------------------ pieces
 
-    def _embed(self, table: nn.Embedding, ids: np.ndarray, start: int = 0, positions: Tensor | None = None
-               ) -> Tensor:
+    def _embed(self, table: nn.Embedding, ids: np.ndarray | Tensor, start: int = 0,
+               positions: Tensor | None = None) -> Tensor:
         """embed(ids) sqrt(d_model) + the positions start .. start + L - 1, dropped out.
         ``positions`` replaces the table's rows (the ONNX export passes rows it reads itself)."""
         length = ids.shape[1]
@@ -150,7 +150,7 @@ class Transformer(TorchTwin, nn.Module):
             x = x + Tensor(self._sinusoids[start:start + length], dtype=x.dtype, device=x.device)
         return self.drop(x)
 
-    def encode(self, src: np.ndarray) -> Tensor:
+    def encode(self, src: np.ndarray | Tensor) -> Tensor:
         with scope(scopes.ENCODER):
             return self.transformer.encoder(self._embed(self.src_embed, src), key_mask=src != PAD)
 
@@ -170,7 +170,8 @@ class Transformer(TorchTwin, nn.Module):
             weights["decoder/layer1/self_attention"]     (B, H, T, T)   causal
             weights["decoder/layer1/cross_attention"]    (B, H, T, S)
         """
-        src, tgt_in = _ids(src, "src", "Transformer", empty=True), _ids(tgt_in, "tgt_in", "Transformer")
+        src = _batch_ids(src, "src", "Transformer", self.out.weight.device, empty=True)
+        tgt_in = _batch_ids(tgt_in, "tgt_in", "Transformer", self.out.weight.device)
         if tgt_in.shape[0] != src.shape[0]:
             raise ShapeError(f"Transformer: src {src.shape} and tgt_in {tgt_in.shape} differ in batch size")
         with attention_record() if need_weights else nullcontext() as weights:
@@ -196,8 +197,8 @@ class Transformer(TorchTwin, nn.Module):
     def loss(self, src, tgt_in, tgt_out, label_smoothing: float = 0.0) -> Tensor:
         """Mean cross-entropy of the teacher-forced logits against ``tgt_out``, padding ignored."""
         logits, _ = self(src, tgt_in)
-        return F.cross_entropy(logits, _ids(tgt_out, "tgt_out", "Transformer"), ignore_index=PAD,
-                               label_smoothing=label_smoothing)
+        target = _batch_ids(tgt_out, "tgt_out", "Transformer", self.out.weight.device)
+        return F.cross_entropy(logits, target, ignore_index=PAD, label_smoothing=label_smoothing)
 
     # ------------------------------------------------------------ decoding
 

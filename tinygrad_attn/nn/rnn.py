@@ -328,15 +328,28 @@ class _RNNBase(Module):
         return x, new_states
 
     def _mask_columns(self, mask, lead: tuple, steps: int) -> list:
-        """Per step: None when every row is a real token, else a boolean column shaped like
-        the step's leading axes plus 1, to broadcast over H."""
+        """Per step: a boolean column shaped like the step's leading axes plus 1, to broadcast
+        over H; or None, where the step needs no masking.
+
+        A host mask's columns of real tokens only are None: those steps skip the ``where``
+        ops (an eager speed-up on batches with little padding).  A Tensor mask is not read
+        (its values may be a compiled step's input, different at every replay), so every
+        step masks.  ``where`` with an all-True column selects the new state exactly, so
+        the forward values are the same bits; backward too, except that where the last
+        step's state, unmasked on the host path, has two or more readers besides the output
+        (a Bahdanau decoder's first query and cell), their gradients are added in another
+        order: equal to rounding."""
         if mask is None:
             return [None] * steps
-        mask = np.asarray(mask.numpy() if isinstance(mask, Tensor) else mask)
-        batch = int(np.prod(lead))
+        batch = math.prod(lead)
+        if not isinstance(mask, Tensor):
+            mask = np.asarray(mask)
         if mask.dtype != np.bool_ or mask.shape != (batch, steps):
             raise ShapeError(f"{type(self).__name__}: mask must be boolean (B, T) = {(batch, steps)}, "
                              f"True at real tokens; got {mask.dtype} {mask.shape}")
+        if isinstance(mask, Tensor):
+            columns = mask.transpose(0, 1).reshape(steps, *lead, 1)              # (T, *lead, 1)
+            return [columns[t] for t in range(steps)]
         return [None if column.all() else column.reshape(lead + (1,)) for column in mask.T]
 
     def _masked(self, new, old, keep):
