@@ -363,3 +363,21 @@ def test_a_reader_that_leaves_early_ends_translate_quietly(run):
             child.kill()
     assert child.returncode == 128 + signal.SIGPIPE, err
     assert "Traceback" not in err
+
+
+def test_train_compile_runs_and_resumes_within_a_short_position_table(tmp_path, capsys):
+    """--compile pads batch lengths to multiples of 8, but never past the model's position
+    table: a Transformer whose table just fits the data trains, and resumes, compiled."""
+    data = tmp_path / "words.tsv"
+    write_pairs(data, 100, seed=7)
+    long = "abcdefabcdef"                    # 12 source tokens, 13 target positions: padded to 16 > 13
+    with open(data, "a", encoding="utf-8") as file:
+        file.write(f"{long}\t{' '.join(reversed(long))}\n" * 40)
+    flags = ["train", "--arch", "transformer", "--data", str(data), "--src-tokens", "char", "--tgt-tokens",
+             "space", "--d-model", "8", "--heads", "2", "--ff", "16", "--layers", "1", "--batch-size", "8",
+             "--max-len", "13", "--no-progress", "--compile", "--out", str(tmp_path / "t.ckpt")]
+    assert cli.main([*flags, "--steps", "6"]) == 0
+    assert cli.main([*flags, "--steps", "10", "--resume", str(tmp_path / "t.ckpt")]) == 0
+    _, info = ta.models.load_checkpoint(tmp_path / "t.ckpt")
+    assert info.training["step"] == 10
+    capsys.readouterr()

@@ -319,7 +319,8 @@ def losses_and_draws(rng, dtype, shape):
     seeded = np.random.default_rng(int(rng.integers(2**32)))
     return [("count_ne", (target, 0)), ("count_ne", (target, -(2**63))), ("clamp_divisor", (count, dtype)),
             ("clamp_divisor", (np.zeros((), np.int64), dtype)), ("guard_ids", (target, 3, None, fail)),
-            ("guard_ids", (target - 1, 2, -1, fail)), ("dropout_multiplier", (seeded, shape, 0.25, dtype))]
+            ("guard_ids", (target - 1, 2, -1, fail)), ("dropout_multiplier", (seeded, shape, 0.25, dtype)),
+            ("guard_finite", (rng.normal(size=shape).astype(dtype), fail))]
 
 
 PRIMITIVES = [arithmetic, memory, reductions, movement, linear_algebra, lookups, losses_and_draws]

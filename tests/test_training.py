@@ -415,3 +415,55 @@ def test_two_threads_training_with_dropout_equal_sequential_runs():
     with ta.random.using(np.random.default_rng(5)):
         first = ta.random.generator().random()
     assert first == np.random.default_rng(5).random() and ta.random.generator() is not None
+
+
+def _trained(task, make, **options):
+    ta.manual_seed(0)
+    model = make(task)
+    history = ta.models.train(model, task, steps=24, batch_size=8, eval_every=0, schedule="cosine",
+                              warmup=4, **options)
+    return model, [record["loss"] for record in history]
+
+
+@pytest.mark.parametrize("make", [
+    lambda task: small_model(task, dropout=0.2),
+    lambda task: ta.models.Transformer(len(task.src_vocab), len(task.tgt_vocab), d_model=16, nhead=2,
+                                       num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32,
+                                       dropout=0.2)], ids=["seq2seq", "transformer"])
+def test_train_compiled_equals_eager_on_the_same_padded_batches(make):
+    """train(compile=True) replays each step's plan: losses and weights bit for bit those of an
+    eager run on the same batches (padded to multiples of 8, the compiled default), dropout's
+    random stream included."""
+    task = small_task()
+    compiled, compiled_losses = _trained(task, make, compile=True)
+    eager, eager_losses = _trained(task, make, pad_to=8)
+    assert compiled_losses == eager_losses
+    assert_same_weights(compiled.state_dict(), weights(eager))
+
+
+def test_train_compiled_stops_at_a_non_finite_loss_before_updating():
+    """The loss is checked inside the plan, before backward: the step that meets a NaN loss
+    changes no weight, compiled as eager."""
+    task = small_task()
+    model = small_model(task, dropout=0.0)
+    optimizer = ta.optim.Adam(model.parameters(), lr=1e-2)
+    seen = {}
+
+    def poison_after_step_3(record):
+        seen[record["step"]] = weights(model)
+        if record["step"] == 3:
+            model.out.bias.data[...] = np.nan          # the next loss is NaN
+
+    with pytest.raises(FloatingPointError, match=r"train: the loss is nan at step 4 "):
+        ta.models.train(model, task, steps=8, batch_size=8, eval_every=0, optimizer=optimizer, compile=True,
+                        callback=poison_after_step_3)
+    poisoned = {name: value for name, value in seen[3].items() if name != "out.bias"}
+    assert_same_weights({name: value for name, value in weights(model).items() if name in poisoned}, poisoned)
+
+
+@pytest.mark.parametrize(("options", "message"), [({"compile": 1}, "compile must be True or False"),
+                                                  ({"pad_to": 0}, "pad_to must be >= 1")])
+def test_train_compile_arguments_are_checked(options, message):
+    task = small_task()
+    with pytest.raises((TypeError, ValueError), match=message):
+        ta.models.train(small_model(task), task, steps=1, **options)

@@ -96,7 +96,17 @@ def guard_ids(ids, rows, ignore, fail):
     return None
 
 
+def guard_finite(x, fail):
+    """A check, not a value (the reference's), made on the host: it is meant for a loss, a
+    0-d array, whose copy costs less than a launch."""
+    host = to_numpy(x)
+    if not np.isfinite(host).all():
+        fail(host)
+    return None
+
+
 # ---------------------------------------------------------------- the table
 
 KERNELS = {"asarray": asarray, "to_numpy": to_numpy, "zeros": zeros, "full": full, "astype": astype,
-           "copy": copy, "dropout_multiplier": dropout_multiplier, "guard_ids": guard_ids}
+           "copy": copy, "dropout_multiplier": dropout_multiplier, "guard_ids": guard_ids,
+           "guard_finite": guard_finite}

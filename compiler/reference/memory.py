@@ -78,7 +78,17 @@ def guard_ids(ids, rows, ignore, fail):
     return None
 
 
+def guard_finite(x, fail):
+    """A check, not a value: when an entry of ``x`` is NaN or infinite, call ``fail(x)`` with
+    ``x`` as a host array; ``fail`` raises the caller's error.  Returns None.  Training checks
+    its loss with it before backward, so a captured step stops before an update, as eager."""
+    if not np.isfinite(x).all():
+        fail(np.asarray(x))
+    return None
+
+
 KERNELS = {
     "asarray": asarray, "to_numpy": to_numpy, "zeros": zeros, "full": full, "astype": astype,
     "copy": copy, "dropout_multiplier": dropout_multiplier, "guard_ids": guard_ids,
+    "guard_finite": guard_finite,
 }

@@ -114,6 +114,9 @@ def add_parser(commands) -> None:
                      help="continue the run saved in CKPT, up to --steps, with its own data and settings "
                           "(the command that started it may be repeated: its data, model and training "
                           "flags must have the run's values)")
+    run.add_argument("--compile", action="store_true",
+                     help="replay each training step as a compiled plan (ta.compile): batches are padded "
+                          "to lengths in multiples of 8, so results equal an eager run's to rounding")
     run.add_argument("--no-progress", action="store_true",
                      help="no progress bar (without a terminal, progress is printed as lines anyway)")
     add_threads(train)
@@ -312,7 +315,7 @@ def _same_run(args, model, info) -> dict:
     if differ:
         raise UsageError(f"{', '.join(differ)}: a resumed run keeps its own data, model and settings; give "
                          f"the values it was started with or leave these flags out (--steps, --time-limit, "
-                         f"--out and --threads may change)")
+                         f"--out, --threads and --compile may change)")
     return moved
 
 
@@ -367,7 +370,7 @@ def _run(model, task, out: Path, source: dict, options: dict, args, resume: bool
     progress = Progress(steps, task.name, bar=not args.no_progress and sys.stderr.isatty())
     try:
         history = ta.models.train(model, task, **options, time_limit=args.time_limit, checkpoint=out,
-                                  resume=resume, callback=progress.update,
+                                  resume=resume, callback=progress.update, compile=args.compile,
                                   extras={"source": source, "steps": steps})
     except (ValueError, FloatingPointError) as err:     # FloatingPointError: the loss stopped being finite
         raise UsageError(str(err)) from None

@@ -35,8 +35,10 @@ import numpy as np
 
 from .. import data, nn, optim
 from .. import random as _random
-from ..arguments import check_int, check_number, check_writable_file
+from ..arguments import check_flag, check_int, check_number, check_writable_file
+from ..compiled import compile as compile_step
 from ..serialize import write_text
+from ..tensor import Tensor
 from .checkpoint import load_checkpoint, save_checkpoint
 from .evaluation import Model, evaluate, validation_loss
 
@@ -74,7 +76,8 @@ def train(model: Model, task: data.Task, steps: int = 1000, batch_size: int = 64
           callback: Callable[[dict], None] | None = None, optimizer: optim.Optimizer | None = None, *,
           eval_every: int | None = None, patience: int | None = None, schedule: str = "constant",
           warmup: int = 0, checkpoint=None, resume: bool = False, restore_best: bool = True,
-          eval_batch_size: int = 256, extras: dict | None = None, bucket: int = 1) -> list[dict]:
+          eval_batch_size: int = 256, extras: dict | None = None, bucket: int = 1, compile: bool = False,
+          pad_to: int | None = None) -> list[dict]:
     """Teacher-forced training with Adam on random batches of ``task.train``, validated on
     ``task.valid``.
 
@@ -117,6 +120,12 @@ def train(model: Model, task: data.Task, steps: int = 1000, batch_size: int = 64
             e.g. where the data came from.
         bucket: batches whose pairs are sorted by length together, so a batch pads little
             (``ta.data.sample_batches``; 1: random batches).
+        compile: run each step (zero_grad, loss, backward, clipping, the optimizer's update)
+            as a ``ta.compile`` plan: captured at the first batch of each shape, then replayed
+            without Python dispatch.  Ids reach the model as Tensors on its device.
+        pad_to: pad every batch's source and target lengths up to a multiple of this, so a
+            compiled run meets few shapes (default: 8 with ``compile``, else no padding).  The
+            padding is masked: results equal an unpadded run's to rounding.
 
     Returns:
         One record per step run in this call: {"step", "loss", "tokens" (target tokens in
@@ -138,6 +147,9 @@ def train(model: Model, task: data.Task, steps: int = 1000, batch_size: int = 64
     """
     _check_arguments(model, task, time_limit, callback, optimizer, checkpoint, resume, restore_best,
                      eval_batch_size, extras)
+    check_flag(compile, "compile", "train")
+    if pad_to is not None:
+        check_int(pad_to, "pad_to", "train", low=1)
     settings = _settings(task, steps, batch_size, lr, clip, seed, eval_every, patience, schedule, warmup,
                          bucket)
     _check_vocab_sizes(model, task)
@@ -147,7 +159,8 @@ def train(model: Model, task: data.Task, steps: int = 1000, batch_size: int = 64
         run.restore(steps)
     elif checkpoint is not None:
         log_path(checkpoint).unlink(missing_ok=True)      # a new run: an old run's log goes
-    return run.loop(steps, time_limit, callback, restore_best, eval_batch_size)
+    return run.loop(steps, time_limit, callback, restore_best, eval_batch_size, compile,
+                    pad_to if pad_to is not None else (PAD_MULTIPLE if compile else 1))
 
 
 def _check_arguments(model, task, time_limit, callback, optimizer, checkpoint, resume, restore_best,
@@ -337,7 +350,28 @@ class _Run:
 
     # ------------------------------------------------------------ the loop
 
-    def loop(self, steps: int, time_limit, callback, restore_best: bool, eval_batch_size: int) -> list[dict]:
+    def step_function(self, parameters: list, compiled: bool):
+        """One optimizer step on a batch's (src, tgt_in, tgt_out): the loss is checked before
+        backward by a guard kernel (``guard_finite``), so a compiled plan stops there too."""
+        clip = self.settings["clip"]
+
+        def step(src, tgt_in, tgt_out):
+            self.optimizer.zero_grad()
+            loss = self.model.loss(src, tgt_in, tgt_out)
+            loss.backend.guard_finite(loss._data, _loss_not_finite)
+            loss.backward()
+            if clip is not None:
+                nn.utils.clip_grad_norm_(parameters, clip)
+            self.optimizer.step()
+            return loss
+
+        if not compiled:
+            return step
+        # Each padded shape is a plan; a run meets a few (lengths in multiples of pad_to).
+        return compile_step(step, max_plans=COMPILED_PLANS)
+
+    def loop(self, steps: int, time_limit, callback, restore_best: bool, eval_batch_size: int,
+             compiled: bool = False, pad_to: int = 1) -> list[dict]:
         s = self.settings
         schedule = self.make_schedule(steps)
         if self.schedule_state is not None:
@@ -348,6 +382,9 @@ class _Run:
         batches = data.sample_batches(self.task.train, self.task.src_vocab, self.task.tgt_vocab,
                                       s["batch_size"], seed=s["seed"], start=self.step, bucket=s["bucket"])
         parameters = list(self.model.parameters())
+        step = self.step_function(parameters, compiled)
+        device = parameters[0].device if compiled else None
+        source_limit, target_limit = self.model.max_src_len, self.model.max_tgt_len
         self.model.train()
         history, start = [], time.perf_counter()
 
@@ -362,15 +399,15 @@ class _Run:
             while self.step < steps and not stopped_early:
                 batch = next(batches)
                 lr = self.optimizer.lr
-                self.optimizer.zero_grad()
-                loss = self.model.loss(batch.src, batch.tgt_in, batch.tgt_out)
-                loss_value = float(loss.item())
-                if not math.isfinite(loss_value):
-                    raise self.diverged(f"the loss is {loss_value} at step {self.step + 1}")
-                loss.backward()
-                if s["clip"] is not None:
-                    nn.utils.clip_grad_norm_(parameters, s["clip"])
-                self.optimizer.step()
+                limits = (source_limit, target_limit, target_limit)
+                ids = [_padded(array, pad_to, limit) for array, limit in
+                       zip((batch.src, batch.tgt_in, batch.tgt_out), limits, strict=True)]
+                if device is not None:
+                    ids = [Tensor(array, device=device) for array in ids]
+                try:
+                    loss_value = float(step(*ids).item())
+                except _LossNotFinite as stop:
+                    raise self.diverged(f"the loss is {stop.value} at step {self.step + 1}") from None
                 self.step += 1
                 if isinstance(schedule, optim.WarmupCosine):
                     schedule.step()
@@ -428,6 +465,34 @@ class _Run:
         self.losses_since_eval = []
         patience = self.settings["patience"]
         return patience is not None and best["since"] >= patience
+
+
+#: ``train(compile=True)`` pads batch lengths to multiples of this: few shapes, few plans.
+PAD_MULTIPLE = 8
+#: Plans a compiled run keeps (one per padded (S, T) shape, and the first step's).
+COMPILED_PLANS = 32
+
+
+class _LossNotFinite(Exception):
+    def __init__(self, value: float):
+        super().__init__(value)
+        self.value = value
+
+
+def _loss_not_finite(loss: np.ndarray):
+    raise _LossNotFinite(float(loss))
+
+
+def _padded(ids: np.ndarray, multiple: int, limit: int | None) -> np.ndarray:
+    """``ids`` (B, L) with padding columns added up to a multiple of ``multiple``, or to
+    ``limit`` (a Transformer's position table), whichever is less."""
+    length = ids.shape[1]
+    wanted = length + -length % multiple
+    if limit is not None:
+        wanted = max(min(wanted, limit), length)
+    if wanted == length:
+        return ids
+    return np.pad(ids, ((0, 0), (0, wanted - length)), constant_values=data.PAD)
 
 
 def _truncate_log(path: Path, step: int) -> None:
