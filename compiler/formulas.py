@@ -42,7 +42,9 @@ class Formula:
     """One elementwise function of ``inputs`` (arrays that broadcast) and ``params`` (scalars
     fixed per call, such as a leaky relu's slope).  ``build(sp, *inputs, **params)`` returns
     the sympy expression of one entry; ``bools`` names inputs that are boolean (a condition);
-    ``grads`` is False for functions with no derivative kernels (comparisons, selection)."""
+    ``grads`` is False for functions with no derivative kernels (comparisons, selection);
+    ``through_output`` False skips the search for a derivative in terms of the output (a
+    fused chain's composed form, where sympy's solve and simplify grow fast)."""
 
     name: str
     inputs: tuple[str, ...]
@@ -51,6 +53,7 @@ class Formula:
     bools: tuple[str, ...] = ()
     grads: bool = True
     source: str | None = field(default=None, compare=False)
+    through_output: bool = True
 
     def backward_name(self, index: int) -> str:
         if len(self.inputs) == 1:
@@ -70,7 +73,8 @@ class Formula:
                 text = textwrap.dedent(inspect.getsource(self.build))
             except (OSError, TypeError):
                 return None
-        spec = [_GENERATOR, self.name, self.inputs, self.params, self.bools, self.grads, text]
+        spec = [_GENERATOR, self.name, self.inputs, self.params, self.bools, self.grads, text,
+                self.through_output]
         return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:24]
 
 
@@ -83,7 +87,9 @@ class Kernel:
     ``identity`` marks a kernel that returns its one argument unchanged (the gradient of a
     sum); ``ufunc`` names the numpy function the kernel is when it is exactly one (so the
     "numpy" device calls it directly); ``operations`` counts arithmetic operations and
-    function calls, more than one meaning numpy would make several passes over memory."""
+    function calls, more than one meaning numpy would make several passes over memory;
+    ``expression`` is the sympy expression it computes (``srepr``, over symbols named as
+    ``args`` and ``params``), what a fused chain composes (compose.py)."""
 
     name: str
     args: tuple[str, ...]
@@ -97,6 +103,7 @@ class Kernel:
     numpy: str
     scalar: str
     numba: str
+    expression: str = ""
 
 
 @dataclass(frozen=True)
@@ -226,7 +233,8 @@ def derive(formula: Formula) -> Plan:
     backward = []
     for i, x in enumerate(xs):
         d = _tidy(sp, sp.diff(f, x))
-        d = _through_output(sp, f, d, xs, out)
+        if formula.through_output:
+            d = _through_output(sp, f, d, xs, out)
         expr = sp.piecewise_fold(d * dy)
         operands = [s for s in (*xs, out) if s in expr.free_symbols] + [dy]
         backward.append(_kernel(sp, formula.backward_name(i), expr, operands, formula))
@@ -302,9 +310,12 @@ def _kernel(sp, name: str, expr, operands: list, formula: Formula) -> Kernel:
     identity = len(args) == 1 and expr == sp.Symbol(args[0], real=True) and not params
     operations = _operations(sp, expr)
     signature = ", ".join([*args, *params])
-    numpy_body = _body(_NumPyPrinter(), replacements, reduced,
-                       final=(lambda text: text) if boolean or like is None
-                       else (lambda text: f"_as({text}, {like})"))
+    if not boolean and like is not None and not expr.free_symbols & {sp.Symbol(a, real=True) for a in args}:
+        # A constant (a derivative that is zero everywhere): an array of the operands' shape.
+        final = lambda text: f"_full({text}, {', '.join(args)})"  # noqa: E731
+    else:
+        final = (lambda text: text) if boolean or like is None else (lambda text: f"_as({text}, {like})")
+    numpy_body = _body(_NumPyPrinter(), replacements, reduced, final=final)
     return Kernel(
         name=name, args=args, params=params, bools=bools, boolean=boolean, identity=identity,
         overflows=expr.has(sp.exp) or any(not p.exp.is_Integer for p in expr.atoms(sp.Pow)),
@@ -313,6 +324,7 @@ def _kernel(sp, name: str, expr, operands: list, formula: Formula) -> Kernel:
         scalar=f"def {name}({signature}):\n{_body(_ScalarPrinter(), replacements, reduced)}",
         numba=f"def {name}({signature}):\n"
               f"{_body(_ScalarPrinter(fast=True, like=like), replacements, reduced)}",
+        expression=sp.srepr(expr),
     )
 
 

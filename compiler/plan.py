@@ -158,7 +158,7 @@ def _last_uses(entries: list, keep: set) -> dict[int, list[int]]:
 
 def build_plan(recorder: Recorder, *, name: str, title: str, inputs: list[tuple[str, Slot]],
                returns: list[Slot], external_names: dict[int, str], device: str,
-               resolve: Callable[[str], object]) -> Plan:
+               resolve: Callable[[str], object], fuse: bool = False) -> Plan:
     """The generated replay of ``recorder``'s entries.
 
     Args:
@@ -168,18 +168,25 @@ def build_plan(recorder: Recorder, *, name: str, title: str, inputs: list[tuple[
         external_names: slot index -> name for externals the engine can name (parameters).
         device: the device whose kernels go by their bare names.
         resolve: device name -> its Backend (the unwrapped table is read from it).
+        fuse: replace chains of elementwise formula kernels on the "cpu" and "cuda" devices
+            by one fused kernel each (fuse.py); the "numpy" device always replays unfused.
     """
     given = {slot.index: arg for arg, slot in inputs}
     given.update(external_names)
     names = _Names(recorder, given, device)
     keep = {s.index for _, s in inputs} | {s.index for s in returns}
     keep |= {i for i, kind in enumerate(recorder.kinds) if kind == "external"}
-    dead = _last_uses(recorder.entries, keep)
+    entries = recorder.entries
+    if fuse:
+        from .fuse import fuse as fused_entries
+
+        entries = fused_entries(recorder, resolve, keep={s.index for s in returns})
+    dead = _last_uses(entries, keep)
 
     body: list[str] = []
     tag = None
     calls = 0
-    for i, entry in enumerate(recorder.entries):
+    for i, entry in enumerate(entries):
         if entry.tag != tag:
             tag = entry.tag
             if tag:

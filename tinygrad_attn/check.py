@@ -4,6 +4,7 @@
     >>> r.ok, print(r)                      # derived formula and largest error per input
     >>> ta.check.gradcheck(fn, x, W).ok     # central differences in float64
     >>> print(ta.check.ops())               # every registered op, both checks
+    >>> all(r.ok for r in ta.check.fused(step))   # a compiled step's fused kernels
 
 Both checks contract a non-scalar output with a fixed random cotangent c and compare the
 gradient of L = sum(c * output) with what ``backward(c)`` accumulates.  ``symbolic`` replays
@@ -26,7 +27,7 @@ from .autograd import Op
 from .ops._common import number
 from .tensor import Tensor
 
-__all__ = ["gradcheck", "symbolic", "ops", "Report", "OpsReport"]
+__all__ = ["gradcheck", "symbolic", "ops", "fused", "Report", "OpsReport"]
 
 
 @dataclass
@@ -555,3 +556,129 @@ def ops(names=None) -> OpsReport:
     return OpsReport(rows)
 
 
+
+
+# ---------------------------------------------------------------- fused kernels of compiled plans
+
+
+def _chains(what) -> list:
+    from .compiler import fuse as fusing
+
+    if isinstance(what, fusing.Chain):
+        return [what]
+    if isinstance(what, str):
+        return [fusing.CHAINS[what]]
+    plans = what.plans if hasattr(what, "plans") else [what]
+    names = sorted({n for p in plans for n in p.namespace if n in fusing.CHAINS})
+    return [fusing.CHAINS[n] for n in names]
+
+
+def _device_kernel(device: str, name: str):
+    from .compiler import get_backend
+
+    backend = get_backend(device)
+    fn = backend.table()[name]
+    fn = fn.install() if hasattr(fn, "install") else fn
+    if device == "numpy":
+        return fn
+    # Host arrays in and out: the device's own arrays in between.
+    return lambda *args: backend.to_numpy(fn(*[backend.asarray(a, a.dtype) if isinstance(a, np.ndarray)
+                                               else a for a in args]))
+
+
+def _close(got, want, rtol: float) -> tuple[float, bool]:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    finite = np.isfinite(want)
+    diff = np.abs(np.where(finite, got - want, 0.0))
+    scale = np.max(np.abs(want[finite]), initial=1.0)
+    return float(diff.max(initial=0.0)), bool(np.all(diff <= rtol * scale))
+
+
+def _fused_report(chain, seed: int, dtype) -> Report:
+    import sympy as sp
+
+    from .compiler import formulas
+
+    formula = chain.formula
+    rtol = 1e-12 if np.dtype(dtype) == np.float64 else 1e-5
+    report = Report("fused", f"{formula.name} = {' -> '.join(m.kernel_name for m in chain.members)}")
+    symbols = [sp.Symbol(n) if n in formula.bools else sp.Symbol(n, real=True) for n in formula.inputs]
+    exact = {n: number(sp, v) for n, v in zip(formula.params, chain.params, strict=True)}
+    composed = sp.sympify(formula.build(sp, *symbols, **exact))
+    grad = sp.Symbol(formulas.GRAD, real=True)
+    derivatives = {i: sp.diff(composed, symbols[i]) for i, n in enumerate(formula.inputs)
+                   if n not in formula.bools}
+    exact_fns = {i: np.frompyfunc(_real(sp.lambdify([*symbols, grad], d * grad, "math")), len(symbols) + 1, 1)
+                 for i, d in derivatives.items()}
+    rng = np.random.default_rng(seed)
+    errors: dict[int, list] = {i: [] for i in derivatives}
+    forward = []
+    # Positive leaves (the domain of log, powers and division), then signed ones (both sides
+    # of relu's kink); entries where the unfused chain is not finite compare nothing.
+    for low in (0.5, -2.0):
+        forward.append(_fused_point(chain, rng, dtype, low, rtol, exact_fns, errors))
+    report.forward_err = max(e for e, _ in forward)
+    report.forward_ok = all(ok for _, ok in forward)
+    for i, found in errors.items():
+        err = max(e for e, _, _ in found)
+        report.inputs.append(InputError(formula.inputs[i], tuple(chain.shapes[i]), str(np.dtype(dtype)), err,
+                                        max(r for _, r, _ in found), all(ok for _, _, ok in found),
+                                        f"d/d{formula.inputs[i]} = {derivatives[i]}"))
+    return report
+
+
+def _real(fn):
+    """``fn`` of floats, NaN outside its real domain (math's sqrt of a negative number)."""
+
+    def real(*xs):
+        try:
+            value = fn(*xs)
+        except (ValueError, ZeroDivisionError, OverflowError):
+            return float("nan")
+        return float("nan") if isinstance(value, complex) else float(value)
+
+    return real
+
+
+def _fused_point(chain, rng, dtype, low: float, rtol: float, exact_fns: dict, errors: dict):
+    from .compiler import formulas
+
+    formula, params = chain.formula, list(chain.params)
+    leaves = [rng.random(shape) < 0.5 if name in formula.bools
+              else rng.uniform(low, 2.0, size=shape).astype(dtype)
+              for name, shape in zip(formula.inputs, chain.shapes, strict=True)]
+    # The unfused chain: each member's kernel on the reference device, in order.
+    values: list = []
+    with np.errstate(all="ignore"):
+        for member in chain.members:
+            args = [leaves[i] if kind == "leaf" else values[i] for kind, i in member.refs]
+            kernel = _device_kernel("numpy", member.kernel_name)
+            values.append(kernel(*args, *[params[j] for j in member.params]))
+        want = np.asarray(values[-1])
+        got = _device_kernel(chain.device, formula.name)(*leaves, *params)
+    forward = _close(got, want, rtol)
+    dy = rng.normal(size=np.shape(want)).astype(dtype)
+    pool = dict(zip(formula.inputs, leaves, strict=True)) | {formulas.OUTPUT: want, formulas.GRAD: dy}
+    backward = formulas.plan(formula).backward
+    for i, exact_fn in exact_fns.items():
+        kernel = backward[i]
+        with np.errstate(all="ignore"):
+            expected = np.asarray(exact_fn(*leaves, dy), np.float64)
+            got = _device_kernel(chain.device, kernel.name)(*[pool[a] for a in kernel.args], *params)
+        err, ok = _close(np.broadcast_to(got, np.shape(expected)), expected, max(rtol, 1e-10))
+        errors[i].append((err, err / max(float(np.max(np.abs(expected), initial=1.0)), 1e-300), ok))
+    return forward
+
+
+def fused(what, *, seed: int = 0, dtype=np.float64) -> list[Report]:
+    """Check the fused kernels of a compiled function (``ta.compile``), of one plan, or one
+    chain (``compiler.fuse.Chain`` or a fused kernel's name): its forward on its device
+    against the unfused chain of member kernels on the "numpy" device, and each backward
+    kernel against sympy's derivative of the composed formula (dy * d f / d x_i), at random
+    positive points of the leaves' captured shapes.  Tolerance: 1e-12 (float64) or 1e-5
+    (float32) relative to the largest value.
+
+        >>> reports = ta.check.fused(step)
+        >>> all(r.ok for r in reports), print(*reports, sep="\n")
+    """
+    return [_fused_report(chain, seed, dtype) for chain in _chains(what)]

@@ -28,6 +28,14 @@ def _as(out, like):
     return out.astype(like.dtype)
 
 
+def _full(value, *operands):
+    """``value`` at every entry of the operands' broadcast shape, in the first float one's
+    dtype: a kernel whose formula is a constant (a derivative zero everywhere)."""
+    floats = [a.dtype for a in operands if np.asarray(a).dtype.kind == "f"]
+    shape = np.broadcast_shapes(*(np.shape(a) for a in operands))
+    return np.full(shape, value, floats[0] if floats else np.float64)
+
+
 def _identity(dy):
     return dy
 
@@ -51,7 +59,7 @@ def build(kernel: Kernel):
         return _identity
     if kernel.ufunc is not None:
         return getattr(np, kernel.ufunc)
-    namespace = {"numpy": np, "_as": _as, "_erf": _erf}
+    namespace = {"numpy": np, "_as": _as, "_erf": _erf, "_full": _full}
     compile_source(kernel.numpy, f"<kernel {kernel.name}>", namespace)
     return quiet_overflow(namespace[kernel.name]) if kernel.overflows else namespace[kernel.name]
 

@@ -1,0 +1,286 @@
+"""Fusing a captured plan's chains of elementwise formula kernels into one kernel each.
+
+A plan (plan.py) runs ``mul(a, b)`` then ``add(t, a)``: two passes over memory and an
+intermediate array.  ``fuse`` finds such chains among a ``Recorder``'s entries and replaces
+each by one call of a kernel generated from the composition of the members' formulas
+(compose.py), derived, printed and cached on disk as any formula is:
+
+    t3 = fused_3f9a1c0b2d4e(a, b)          # a*b + a, one pass
+
+Members are the calls of kernels generated from formulas, forward or backward (``mul``,
+``tanh_back``, ``gelu``), with a float result; a ``broadcast_to`` read only by members, to
+the chain's result shape, is absorbed (its input becomes a leaf, broadcast by the fused
+kernel itself).  Sum_to calls that return their input unchanged (the shapes are fixed per
+plan) are dropped first: they are no-ops that would break chains.  A group grows from its
+last member (the *root*) backwards, PyTensor-style, under three rules:
+
+* consumer-closed (as MLX's rule): a member's result is read only by the group's members,
+  never by another entry, a view or the plan's returns; only the root's result escapes;
+* convex (PyTensor's rule): no non-member lies on a path between two members.  With one
+  escaping result this follows from the first rule (a path leaving a member other than the
+  root reads that member's result), except through memory written in place: no in-place
+  kernel between the first member and the root may write memory a leaf shares;
+* one device ("cpu" or "cuda": the "numpy" device replays unfused, the reference), one float
+  dtype; at most ``max_members`` kernels and ``max_leaves`` operands (sympy's work grows
+  fast with the composition).
+
+The fused call sits at the root's place, so every leaf is computed by then.  The forward and
+the backward of a captured step are fused independently: the recorded backward is itself a
+chain of formula kernels (``mul_back_a(b, g)`` then ``add(g, t)``), fused like any other.
+Each fused kernel's chain is kept in ``CHAINS`` (by kernel name) for ``ta.check.fused``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import elementwise_formulas
+from .capture import Call, Recorder, Slot, View
+from .compose import Member, compose, member_kernel
+from .formulas import Formula
+
+__all__ = ["fuse", "define_fused", "Chain", "CHAINS", "FUSING_DEVICES"]
+
+FUSING_DEVICES = ("cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class Chain:
+    """A fused kernel's chain: its composed ``formula``, the ``members`` it replaced (with
+    references to leaves and to each other), the parameter values it was captured with,
+    the leaves' shapes and the dtype."""
+
+    formula: Formula
+    device: str
+    members: tuple[Member, ...]
+    params: tuple
+    shapes: tuple
+    dtype: str
+
+
+# Fused kernel name -> its chain (the latest capture's parameters and shapes).
+CHAINS: dict[str, Chain] = {}
+
+
+def _formula_kernels() -> dict[str, tuple[Formula, int]]:
+    found = {}
+    for formula in elementwise_formulas():
+        if formula.grads:                   # comparisons and selection stay as they are
+            for index, name in enumerate(formula.kernel_names()):
+                found[name] = (formula, index)
+    return found
+
+
+def _slots(value, found: list) -> list:
+    if isinstance(value, Slot):
+        found.append(value.index)
+    elif type(value) in (list, tuple):
+        for v in value:
+            _slots(v, found)
+    elif type(value) is dict:
+        for v in value.values():
+            _slots(v, found)
+    return found
+
+
+def _identity_sum_to(entry) -> bool:
+    return (isinstance(entry, Call) and entry.kernel == "sum_to" and entry.device in FUSING_DEVICES
+            and isinstance(entry.outs, Slot) and entry.args[:1] == (entry.outs,))
+
+
+class _Graph:
+    """Producers, readers and candidate members of a list of entries."""
+
+    def __init__(self, entries: list, recorder: Recorder, keep: set):
+        self.entries, self.recorder, self.keep = entries, recorder, keep
+        self.kernels = _formula_kernels()
+        self.producer: dict[int, int] = {}
+        self.readers: dict[int, set] = {}
+        self.members: dict[int, tuple[Member, object]] = {}     # entry -> (member template, kernel)
+        for i, entry in enumerate(entries):
+            if isinstance(entry, View):
+                self.readers.setdefault(entry.source.index, set()).add(i)
+                continue
+            read = _slots(entry.args, []) + _slots(entry.kwargs, [])
+            for s in read:
+                self.readers.setdefault(s, set()).add(i)
+            if isinstance(entry.outs, Slot) and entry.outs.index not in read:
+                self.producer.setdefault(entry.outs.index, i)
+            candidate = self._candidate(entry)
+            if candidate is not None:
+                self.members[i] = candidate
+
+    def array(self, slot: int):
+        return self.recorder.arrays[slot]
+
+    def _candidate(self, entry: Call):
+        known = self.kernels.get(entry.kernel)
+        if known is None or entry.device not in FUSING_DEVICES or entry.kwargs \
+                or not isinstance(entry.outs, Slot):
+            return None
+        member = Member(*known, refs=())
+        kernel = member_kernel(member)
+        arrays = entry.args[:len(kernel.args)]
+        if kernel.boolean or len(arrays) != len(kernel.args) or not all(isinstance(a, Slot) for a in arrays):
+            return None
+        dtype = np.dtype(self.array(entry.outs.index).dtype)
+        if dtype.kind != "f":
+            return None
+        for name, a in zip(kernel.args, arrays, strict=True):
+            want = np.dtype(bool) if name in kernel.bools else dtype
+            if np.dtype(self.array(a.index).dtype) != want:
+                return None
+        return member, kernel
+
+    def broadcast(self, i: int, shape: tuple, device: str) -> bool:
+        entry = self.entries[i]
+        return (isinstance(entry, Call) and entry.kernel == "broadcast_to" and entry.device == device
+                and isinstance(entry.outs, Slot) and len(entry.args) == 2 and isinstance(entry.args[0], Slot)
+                and tuple(entry.args[1]) == shape)
+
+    def dtype(self, i: int):
+        return np.dtype(self.array(self.entries[i].outs.index).dtype)
+
+
+def _grow(graph: _Graph, root: int, taken: set, max_members: int) -> set:
+    entries = graph.entries
+    device, dtype = entries[root].device, graph.dtype(root)
+    shape = tuple(np.shape(graph.array(entries[root].outs.index)))
+    group, kernels, changed = {root}, 1, True
+    while changed:
+        changed = False
+        for m in sorted(group, reverse=True):
+            if m not in graph.members:
+                continue                               # an absorbed broadcast: its input is a leaf
+            for s in _slots(entries[m].args, []):
+                p = graph.producer.get(s)
+                if p is None or p in group or p in taken or s in graph.keep:
+                    continue
+                if not graph.readers.get(s, set()) <= group:
+                    continue                           # read outside: it must stay an array
+                if p in graph.members and kernels < max_members and entries[p].device == device \
+                        and graph.dtype(p) == dtype:
+                    group.add(p)
+                    kernels += 1
+                    changed = True
+                elif graph.broadcast(p, shape, device):
+                    group.add(p)
+                    changed = True
+    return group
+
+
+def _written(entry) -> list[int]:
+    # In-place kernels are named with a trailing underscore (add_, adam_): any array they
+    # are given may be written.
+    if isinstance(entry, Call) and entry.kernel.endswith("_"):
+        return _slots(entry.args, []) + _slots(entry.kwargs, [])
+    return []
+
+
+def _hazard(graph: _Graph, group: set, leaves: list[int]) -> bool:
+    """Whether an in-place write between the first member and the root may change a leaf
+    (the members would have read it before the write, the fused kernel after)."""
+    for i in range(min(group), max(group)):
+        if i in group:
+            continue
+        for w in _written(graph.entries[i]):
+            for leaf in leaves:
+                a, b = graph.array(w), graph.array(leaf)
+                if w == leaf or not isinstance(a, np.ndarray) or not isinstance(b, np.ndarray) \
+                        or np.may_share_memory(a, b):
+                    return True
+    return False
+
+
+def _chain(graph: _Graph, group: set):
+    """(members, leaf slots, bool leaf indices, parameter values) of a group, in order."""
+    entries = graph.entries
+    order = sorted(i for i in group if i in graph.members)
+    position = {i: k for k, i in enumerate(order)}
+    leaves: list[int] = []
+    bools: set = set()
+    params: list = []
+    members = []
+    for i in order:
+        template, kernel = graph.members[i]
+        entry = entries[i]
+        refs = []
+        for name, a in zip(kernel.args, entry.args, strict=False):
+            p = graph.producer.get(a.index)
+            if p in position:
+                refs.append(("member", position[p]))
+                continue
+            source = entries[p].args[0].index if p in group else a.index      # a broadcast's input
+            if source not in leaves:
+                leaves.append(source)
+            refs.append(("leaf", leaves.index(source)))
+            if name in kernel.bools:
+                bools.add(leaves.index(source))
+        first = len(params)
+        params.extend(entry.args[len(kernel.args):])
+        members.append(Member(template.formula, template.index, tuple(refs),
+                              tuple(range(first, len(params)))))
+    return members, leaves, bools, params
+
+
+def _tag(entries: list, group: set) -> tuple:
+    root = entries[max(group)]
+    names = []
+    for i in sorted(group):
+        name = entries[i].kernel
+        if name not in names:
+            names.append(name)
+    phase = root.tag[0] if root.tag else "fused"
+    scope = root.tag[2] if len(root.tag) > 2 else ""
+    return (phase, "fused " + "+".join(map(str, names)), scope)
+
+
+def define_fused(backend, formula: Formula) -> None:
+    # A device whose build declines a kernel (one numpy ufunc is already one pass) runs its
+    # parent's: the formula goes to the whole line of parents, the root first.
+    line = []
+    while backend is not None:
+        line.append(backend)
+        backend = backend.parent
+    for b in reversed(line):
+        if b.build is not None and formula.name not in b.kernels:
+            b.add_formula(formula)
+
+
+def fuse(recorder: Recorder, resolve: Callable[[str], object], *, keep=(), max_members: int = 8,
+         max_leaves: int = 16) -> list:
+    """``recorder``'s entries with each fusable chain replaced by one fused call.
+
+    Args:
+        resolve: device name -> its Backend (a fused formula's kernels are added to it).
+        keep: slot indices read after the entries (the plan's returns): never fused away.
+        max_members, max_leaves: caps on a chain's kernels and operands.
+    """
+    entries = [e for e in recorder.entries if not _identity_sum_to(e)]
+    graph = _Graph(entries, recorder, set(keep))
+    taken: set = set()
+    replaced: dict[int, Call] = {}
+    for root in sorted(graph.members, reverse=True):
+        if root in taken:
+            continue
+        group = _grow(graph, root, taken, max_members)
+        if sum(1 for i in group if i in graph.members) < 2:
+            continue
+        members, leaves, bools, params = _chain(graph, group)
+        if len(leaves) > max_leaves or _hazard(graph, group, leaves) \
+                or any(not isinstance(p, (int, float)) for p in params):
+            continue
+        formula = compose(members, len(leaves), bools, len(params))
+        device = entries[root].device
+        define_fused(resolve(device), formula)
+        taken |= group
+        outs = entries[root].outs
+        replaced[root] = Call(device, formula.name, tuple(Slot(s) for s in leaves) + tuple(params), {},
+                              outs, _tag(entries, group))
+        CHAINS[formula.name] = Chain(formula, device, tuple(members), tuple(params),
+                                     tuple(tuple(np.shape(graph.array(s))) for s in leaves),
+                                     str(graph.dtype(root)))
+    return [replaced.get(i, e) for i, e in enumerate(entries) if i not in taken or i in replaced]

@@ -1,0 +1,342 @@
+"""Fusion of a compiled plan's elementwise chains (compiler/fuse.py, compose.py): the fused
+replay equals the eager run (the unfused kernels) within float rounding (the fused kernels
+are Numba's with contraction and reassociation), every fused kernel passes
+``ta.check.fused`` (forward against the unfused member kernels, derivatives against sympy's
+derivative of the composition), a wrong fused kernel fails it, and the disk cache serves a
+second process."""
+
+import functools
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import tinygrad_attn as ta
+from tinygrad_attn import compiled as compiled_module
+from tinygrad_attn import functional as F
+from tinygrad_attn.autograd import registry
+from tinygrad_attn.compiler import available_devices, formulas, get_backend
+from tinygrad_attn.compiler import fuse as fusing
+from tinygrad_attn.compiler.capture import Recorder
+from tinygrad_attn.compiler.plan import build_plan
+
+TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
+
+
+@pytest.fixture
+def fusing_compile(monkeypatch):
+    """ta.compile with fusion on (what tinygrad_attn/compiled.py passes as build_plan's fuse)."""
+    monkeypatch.setattr(compiled_module, "build_plan", functools.partial(build_plan, fuse=True))
+    return ta.compile
+
+
+def _close(got, want, dtype):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    tol = TOLERANCE[dtype]
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * max(1.0, float(np.max(np.abs(want)))))
+
+
+def _fused_calls(step) -> list[str]:
+    return [line.strip() for line in step.source.splitlines() if "= fused_" in line]
+
+
+def _run(fusing_compile, fn, arrays, device, dtype, calls=3):
+    """fn compiled with fusion and eagerly on fresh leaves, ``calls`` times with new values;
+    returns the compiled function.  fn(*leaves) returns a scalar loss it has backpropagated."""
+    step = fusing_compile(fn)
+    rng = np.random.default_rng(0)
+    for k in range(calls):
+        values = [a if k == 0 else a + 0.1 * rng.uniform(-1, 1, size=np.shape(a)) for a in arrays]
+        fused = [ta.Tensor(v, dtype=dtype, device=device, requires_grad=True) for v in values]
+        eager = [ta.Tensor(v, dtype=dtype, device=device, requires_grad=True) for v in values]
+        got = step(*fused)
+        want = fn(*eager)
+        _close(got.numpy(), want.numpy(), dtype)
+        for f, e in zip(fused, eager, strict=True):
+            assert (f.grad is None) == (e.grad is None)      # a leaf the function never reads
+            if e.grad is not None:
+                _close(f.grad.numpy(), e.grad.numpy(), dtype)
+    return step
+
+
+def _loss(fn):
+    def step(*xs):
+        loss = fn(*xs).sum()
+        loss.backward()
+        return loss
+
+    step.__name__ = fn.__name__
+    return step
+
+
+def _checked(step, dtype="float64"):
+    reports = ta.check.fused(step, dtype=np.dtype(dtype))
+    assert reports, "no fused kernel to check"
+    for report in reports:
+        assert report.ok, str(report)
+    return reports
+
+
+# ---------------------------------------------------------------- the tiny example
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_tiny_forward_and_backward_fuse_and_equal_eager(fusing_compile, monkeypatch, dtype):
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(size=16), rng.normal(size=16)
+    step = _run(fusing_compile, _loss(lambda a, b: a * b + a), [a, b], "cpu", dtype)
+    fused = _fused_calls(step)
+    # The forward a*b + a, and the backward chain mul_back_a -> add (da = b*dy + dy).
+    assert len(fused) == 2, step.source
+    assert "mul(" not in step.source and "= add(" not in step.source
+    monkeypatch.setattr(compiled_module, "build_plan", build_plan)
+    unfused = ta.compile(_loss(lambda a, b: a * b + a))
+    unfused(*[ta.Tensor(x, dtype=dtype, requires_grad=True) for x in (a, b)])
+    assert step.plans[0].calls < unfused.plans[0].calls
+    reports = _checked(step)
+    assert {r.target.split(" = ")[1] for r in reports} == {"mul -> add", "mul_back_a -> add"}
+
+
+def test_numpy_device_replays_unfused(fusing_compile):
+    step = _run(fusing_compile, _loss(lambda a, b: a * b + a), [np.ones(4), np.arange(4.0)], "numpy",
+                "float64")
+    assert not _fused_calls(step) and "mul(" in step.source
+
+
+def test_an_escaping_intermediate_is_not_fused_away(fusing_compile):
+    def fn(a, b):
+        t = a * b
+        loss = (t + a).sum() + t.sum()
+        loss.backward()
+        return loss, t
+
+    step = fusing_compile(fn)
+    a = ta.Tensor([1.0, 2.0, 3.0], dtype="float64", requires_grad=True)
+    b = ta.Tensor([0.5, -1.0, 2.0], dtype="float64", requires_grad=True)
+    loss, t = step(a, b)
+    forward = step.source.split("# backward")[0]
+    assert "mul(a, b)" in forward and "= fused_" not in forward
+    np.testing.assert_array_equal(t.numpy(), [0.5, -2.0, 6.0])
+    np.testing.assert_allclose(a.grad.numpy(), 2 * b.numpy() + 1, rtol=1e-15)       # d/da of ab + a + ab
+
+
+# ---------------------------------------------------------------- models written from primitives
+
+
+def gelu_tanh(x):
+    inner = (x + x * x * x * 0.044715) * float(np.sqrt(2.0 / np.pi))
+    return x * 0.5 * (inner.tanh() + 1.0)
+
+
+def layer_norm(x, w, b):
+    mean = x.sum(-1, keepdims=True) / x.shape[-1]
+    centred = x - mean
+    var = (centred * centred).sum(-1, keepdims=True) / x.shape[-1]
+    return centred / (var + 1e-5) ** 0.5 * w + b
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gelu_tanh_from_primitives(fusing_compile, dtype):
+    x = np.random.default_rng(2).normal(size=(4, 8)) * 2
+    step = _run(fusing_compile, _loss(gelu_tanh), [x], "cpu", dtype)
+    assert len(_fused_calls(step)) >= 2, step.source
+    _checked(step)
+    # The primitives are GeluTanh's formula: the compiled loss equals the op's.
+    got = step(ta.Tensor(x, dtype=dtype, requires_grad=True))
+    _close(got.numpy(), ta.ops.GeluTanh.apply(ta.Tensor(x, dtype=dtype)).sum().numpy(), dtype)
+    chain = max((fusing.CHAINS[c.split("= ")[1].split("(")[0]] for c in _fused_calls(step)),
+                key=lambda c: len(c.members))
+    assert len(chain.members) >= 5
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_layer_norm_from_primitives(fusing_compile, dtype):
+    rng = np.random.default_rng(3)
+    x, w, b = rng.normal(size=(3, 6)), rng.normal(size=6), rng.normal(size=6)
+    step = _run(fusing_compile, _loss(layer_norm), [x, w, b], "cpu", dtype)
+    assert _fused_calls(step), step.source
+    _checked(step)
+    # Against the LayerNorm op (a kernel of its own, not primitives): the same function.
+    got = step(*[ta.Tensor(v, dtype=dtype, requires_grad=True) for v in (x, w, b)])
+    want = F.layer_norm(ta.Tensor(x, dtype=dtype), (6,), ta.Tensor(w, dtype=dtype), ta.Tensor(b, dtype=dtype))
+    _close(got.numpy(), want.sum().numpy(), dtype)
+
+
+# ---------------------------------------------------------------- random chains
+
+
+UNARY = ["Exp", "Tanh", "Sigmoid", "Relu", "Gelu", "GeluTanh", "Neg", "LeakyRelu"]
+BINARY = ["Add", "Sub", "Mul", "Div"]
+SHAPES = [(3, 4), (4,), (1, 4), (3, 1), ()]
+
+
+@st.composite
+def chains(draw):
+    count = draw(st.integers(2, 3))
+    shapes = [(3, 4)] + [draw(st.sampled_from(SHAPES)) for _ in range(count - 1)]
+    program = []
+    for _ in range(draw(st.integers(2, 7))):
+        if draw(st.booleans()):
+            program.append((draw(st.sampled_from(UNARY)), None))
+        else:
+            program.append((draw(st.sampled_from(BINARY)), draw(st.integers(0, count - 1))))
+    return shapes, program
+
+
+def _program(program):
+    def fn(*xs):
+        y = xs[0]
+        for name, other in program:
+            op = registry[name]
+            if other is None:
+                attrs = {"negative_slope": 0.1} if name == "LeakyRelu" else {}
+                y = op.apply(y, **attrs)
+                if name == "Exp":
+                    y = registry["Tanh"].apply(y)          # keep values of order one
+            elif name == "Div":
+                y = op.apply(y, registry["Exp"].apply(xs[other]))   # a denominator away from zero
+            else:
+                y = op.apply(y, xs[other]) if other % 2 else op.apply(xs[other], y)
+        return y
+
+    return fn
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(chains(), st.sampled_from(["float64", "float32"]))
+def test_random_elementwise_chains(fusing_compile, chain, dtype):
+    shapes, program = chain
+    rng = np.random.default_rng(len(program))
+    arrays = [rng.uniform(-1.5, 1.5, size=s) for s in shapes]
+    step = _run(fusing_compile, _loss(_program(program)), arrays, "cpu", dtype, calls=2)
+    if _fused_calls(step):
+        _checked(step)
+
+
+# ---------------------------------------------------------------- the fuse rules and the check
+
+
+def _record(fn, *arrays):
+    recorder = Recorder()
+    slots = [recorder.input(a) for a in arrays]
+    cpu = get_backend("cpu")
+    with cpu.recording(recorder):
+        out = fn(cpu, *arrays)
+    return recorder, slots, recorder.slot_of(out)
+
+
+def test_an_in_place_write_between_members_stops_the_chain():
+    a, b, c = (np.arange(1.0, 5.0) * k for k in (1, 2, 3))
+
+    def written(kb, a, b, c):
+        t = kb.mul(a, b)
+        kb.add_(a, c)                 # the members would read a before and after this write
+        return kb.add(t, a)
+
+    def clean(kb, a, b, c):
+        t = kb.mul(a, b)
+        kb.add_(c, c)
+        return kb.add(t, a)
+
+    for fn, fused in ((written, False), (clean, True)):
+        recorder, _, out = _record(fn, a.copy(), b, c.copy())
+        entries = fusing.fuse(recorder, get_backend, keep={out.index})
+        assert any(e.kernel.startswith("fused_") for e in entries) is fused
+
+
+def test_a_broadcast_read_only_by_members_is_absorbed():
+    def fn(kb, a, b):
+        return kb.add(kb.mul(a, kb.broadcast_to(b, (3, 4))), a)
+
+    a, b = np.ones((3, 4)), np.arange(4.0)
+    recorder, slots, out = _record(fn, a, b)
+    (entry,) = fusing.fuse(recorder, get_backend, keep={out.index})
+    assert entry.kernel.startswith("fused_") and entry.args == tuple(slots)
+    np.testing.assert_array_equal(get_backend("cpu").table()[entry.kernel](a, b), a * b + a)
+
+
+def test_a_wrong_fused_kernel_fails_the_check(fusing_compile):
+    step = _run(fusing_compile, _loss(lambda a, b: a * b + a), [np.ones(4), np.arange(4.0)], "cpu",
+                "float64", calls=1)
+    cpu = get_backend("cpu")
+    reports = {r.target.split(" = ")[1]: r for r in _checked(step)}
+    forward = next(c for c in fusing.CHAINS.values() if [m.kernel_name for m in c.members] == ["mul", "add"])
+    backward = next(c for c in fusing.CHAINS.values()
+                    if [m.kernel_name for m in c.members] == ["mul_back_a", "add"])
+    assert set(reports) == {"mul -> add", "mul_back_a -> add"}
+    plan = formulas.plan(forward.formula)
+    cases = [(forward, plan.backward[0].name, lambda fn: lambda *a: -fn(*a)),       # d/dx0 sign flipped
+             (backward, backward.formula.name, lambda fn: lambda x0, x1: fn(x0, x1) - x1)]
+    for chain, name, wrong in cases:
+        right = cpu.table()[name]
+        right = right.install() if hasattr(right, "install") else right
+        cpu.register_kernel(name, wrong(right))
+        try:
+            (report,) = ta.check.fused(chain)
+        finally:
+            cpu.register_kernel(name, right)
+        assert not report.ok, str(report)
+        (report,) = ta.check.fused(chain)
+        assert report.ok
+
+
+def test_the_disk_cache_serves_a_second_process(tmp_path):
+    script = textwrap.dedent("""
+        import functools
+        import numpy as np
+        import tinygrad_attn as ta
+        from tinygrad_attn import compiled
+        from tinygrad_attn.compiler import formulas
+        from tinygrad_attn.compiler.plan import build_plan
+
+        derived = []
+        original = formulas.derive
+        formulas.derive = lambda f: derived.append(f.name) or original(f)
+        compiled.build_plan = functools.partial(build_plan, fuse=True)
+
+        def step(a, b):
+            loss = ((a * b + a).tanh() * b).sum()
+            loss.backward()
+            return loss
+
+        a = ta.Tensor(np.linspace(-1, 1, 5), requires_grad=True)
+        b = ta.Tensor(np.linspace(0, 2, 5), requires_grad=True)
+        f = ta.compile(step)
+        f(a, b)
+        print(sum(1 for name in derived if name.startswith("fused_")), f.source.count("= fused_"))
+    """)
+    env = {**os.environ, "TINYGRAD_ATTN_CACHE": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                           check=True).stdout.split() for _ in range(2)]
+    (first_derived, fused), (second_derived, fused_again) = runs
+    assert int(fused) >= 2 and fused_again == fused
+    assert int(first_derived) == int(fused) and int(second_derived) == 0
+    assert os.listdir(tmp_path / "numba")
+
+
+@pytest.mark.skipif("cuda" not in available_devices(), reason="no GPU and no simulator")
+def test_cuda_fused_kernel_equals_the_unfused_chain():
+    # Capture on the cuda device is S7's; the fused kernels themselves are every device's:
+    # the chain tanh(a*b + a) and its backward chain, built for cuda and checked there.
+    from tinygrad_attn.compiler.compose import Member, compose
+
+    forms = {f.name: f for f in (registry[n].formula for n in ("Mul", "Add", "Tanh"))}
+    chains = [
+        [Member(forms["mul"], 0, (("leaf", 0), ("leaf", 1))),
+         Member(forms["add"], 0, (("member", 0), ("leaf", 0))), Member(forms["tanh"], 0, (("member", 1),))],
+        [Member(forms["tanh"], 1, (("leaf", 0), ("leaf", 1))),
+         Member(forms["mul"], 1, (("leaf", 2), ("member", 0))),
+         Member(forms["add"], 0, (("member", 0), ("member", 1)))],
+    ]
+    cuda = get_backend("cuda")
+    for members, shapes in zip(chains, [((2, 3), (3,)), ((2, 3), (2, 3), (3,))], strict=True):
+        formula = compose(members, len(shapes))
+        fusing.define_fused(cuda, formula)
+        chain = fusing.Chain(formula, "cuda", tuple(members), (), shapes, "float64")
+        (report,) = ta.check.fused(chain)
+        assert report.ok, str(report)
