@@ -88,7 +88,9 @@ class View:
 
 
 def _is_array(x) -> bool:
-    return isinstance(x, np.ndarray) or hasattr(x, "__cuda_array_interface__")
+    # numba.cuda's device arrays, and the simulator's (which lack the CUDA array interface),
+    # all copy to the host: a buffer, never a constant of the plan.
+    return isinstance(x, np.ndarray) or hasattr(x, "__cuda_array_interface__") or hasattr(x, "copy_to_host")
 
 
 def _root(array):
