@@ -484,3 +484,23 @@ def optimizer_kernels(rng, dtype, shape):
             ("sgd_", (grads[0].copy(), grads[0], None, np.array(0, np.int64), np.array(0, np.int64),
                       np.array([0.1, 0.0, 0.0, 0.0, 0.0]))),
             ("clip_", (grads, np.array(100.0), 1.0))]
+
+
+def test_float64_sgd_with_momentum_steps_after_load_state_dict():
+    """load_state_dict marks the extras for remaking with dtype None, which numpy's dtype
+    comparison takes for float64: the next step must remake them, not unpack nothing."""
+    def make():
+        param = ta.Tensor(np.array([1.0, -2.0]), dtype="float64", requires_grad=True)
+        return param, ta.optim.SGD([param], lr=0.1, momentum=0.9)
+
+    param, opt = make()
+    for _ in range(2):
+        param.grad = ta.Tensor(np.array([0.5, 0.25]), dtype="float64")
+        opt.step()
+    again, restored = make()
+    again.data[...] = param.numpy()
+    restored.load_state_dict(opt.state_dict())
+    for p, o in ((param, opt), (again, restored)):
+        p.grad = ta.Tensor(np.array([0.5, 0.25]), dtype="float64")
+        o.step()
+    np.testing.assert_array_equal(again.numpy(), param.numpy())

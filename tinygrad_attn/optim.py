@@ -199,7 +199,10 @@ class Optimizer(ABC):
             # State is made (or moved) once, not at every step: a compiled step binds it.
             with outside_capture():
                 prepared = self._extras[index]
-                if prepared is None or prepared[0] != param.dtype or prepared[1] is not backend:
+                # ``dtype == None`` is True in numpy: the None that load_state_dict leaves is
+                # tested by identity.
+                if prepared is None or prepared[0] is None or prepared[0] != param.dtype or \
+                        prepared[1] is not backend:
                     prepared = self._prepare(index, p)
                 state = self.state[index]
                 if state is None:
