@@ -350,3 +350,138 @@ def test_generated_op_and_kernel_code_shows_in_tracebacks_and_getsource():
     kernel = getattr(kernel, "install", lambda: kernel)()
     assert kernel.__code__.co_filename.startswith("<kernel sigmoid_back")
     assert inspect.getsource(kernel).lstrip().startswith("def sigmoid_back")
+
+
+class _DropoutMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.hidden = nn.Linear(6, 16)
+        self.drop = nn.Dropout(0.5)
+        self.out = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.out(self.drop(self.hidden(x).relu()))
+
+
+def _dropout_twins_step(compiled_model, eager_model):
+    def loss_of(model, x, y):
+        return F.cross_entropy(model(x), y)
+
+    def step(x, y):
+        loss = loss_of(compiled_model, x, y)
+        loss.backward()
+        return loss
+
+    def eager(x, y):
+        loss = loss_of(eager_model, x, y)
+        loss.backward()
+        return loss
+
+    return ta.compile(step), eager
+
+
+def _compare_dropout_call(step, eager, models, x, y, rngs):
+    for model in models:
+        model.zero_grad()
+    with ta.random.using(rngs[0]):
+        got = step(_tensor(x, "cpu"), ta.Tensor(y))
+    with ta.random.using(rngs[1]):
+        want = eager(_tensor(x, "cpu"), ta.Tensor(y))
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    _assert_same(_grads(models[0].parameters()), _grads(models[1].parameters()))
+
+
+def test_compile_train_eval_switch_recaptures():
+    """A plan captured in training mode draws dropout masks; after model.eval() the same
+    arguments must not replay it (eager skips dropout), and back in training mode the first
+    plan serves again."""
+    rng = np.random.default_rng(9)
+    models = _twin(_DropoutMLP, "cpu")
+    step, eager = _dropout_twins_step(*models)
+    draws = (np.random.default_rng(0), np.random.default_rng(0))     # one stream per side
+    for mode in ("train", "train", "eval", "eval", "train", "eval"):
+        for model in models:
+            model.train(mode == "train")
+        x, y = rng.standard_normal((8, 6)), rng.integers(0, 4, 8)
+        _compare_dropout_call(step, eager, models, x, y, draws)
+    assert (step.stats.captures, step.stats.replays) == (2, 4)
+    assert "dropout_multiplier" in step.plans[0].source
+    assert "dropout_multiplier" not in step.plans[1].source
+
+
+@pytest.mark.parametrize("how", ["using", "manual_seed"])
+def test_compile_dropout_draws_from_the_generator_current_at_each_call(how):
+    """Each call draws from the generator current then: a fresh ``ta.random.using``
+    generator, or the engine's generator made anew by ``ta.manual_seed``; never the object
+    the capture drew from."""
+    rng = np.random.default_rng(10)
+    models = _twin(_DropoutMLP, "cpu")
+    step, eager = _dropout_twins_step(*models)
+    for k in range(STEPS):
+        x, y = rng.standard_normal((8, 6)), rng.integers(0, 4, 8)
+        if how == "using":
+            draws = (np.random.default_rng(100 + k), np.random.default_rng(100 + k))
+            _compare_dropout_call(step, eager, models, x, y, draws)
+            continue
+        for model in models:
+            model.zero_grad()
+        ta.manual_seed(100 + k)
+        got = step(_tensor(x, "cpu"), ta.Tensor(y))
+        ta.manual_seed(100 + k)
+        want = eager(_tensor(x, "cpu"), ta.Tensor(y))
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+        _assert_same(_grads(models[0].parameters()), _grads(models[1].parameters()))
+    assert (step.stats.captures, step.stats.replays) == (1, STEPS - 1)
+    assert "dropout_multiplier(generator," in step.source
+
+
+_NEEDS_CUDA = pytest.mark.skipif("cuda" not in ta.compiler.available_devices(),
+                                 reason="no CUDA GPU here and NUMBA_ENABLE_CUDASIM is not set")
+
+
+@pytest.mark.parametrize("device", [*DEVICES, pytest.param("cuda", marks=_NEEDS_CUDA)])
+def test_compile_optimizer_state_loaded_is_read_not_the_old_arrays(device):
+    """``opt.load_state_dict`` replaces the optimizer's state arrays, which a plan binds by
+    identity: the plans holding the old ones die and the next call captures again."""
+    rng = np.random.default_rng(11)
+    data = [(rng.standard_normal((8, 6)), rng.integers(0, 4, 8)) for _ in range(8)]
+    compiled_model, eager_model = _twin(_MLP, device)
+    optimizers = [ta.optim.Adam(m.parameters(), lr=0.01) for m in (compiled_model, eager_model)]
+
+    def train_step(model, optimizer, x, y):
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    step = ta.compile(lambda x, y: train_step(compiled_model, optimizers[0], x, y))
+    saved = None
+    for k, (x, y) in enumerate(data):
+        if k == 2:
+            saved = optimizers[1].state_dict()
+        if k == 5:                                  # back to the state of step 2
+            for optimizer in optimizers:
+                optimizer.load_state_dict(saved)
+        step(_tensor(x, device), ta.Tensor(y, device=device))
+        train_step(eager_model, optimizers[1], _tensor(x, device), ta.Tensor(y, device=device))
+        for p, q in zip(compiled_model.parameters(), eager_model.parameters(), strict=True):
+            np.testing.assert_array_equal(p.numpy(), q.numpy())
+    assert step.stats.reason == "guard: an array the plan reads was replaced"
+    assert (step.stats.captures, step.stats.plans) == (3, 1)        # both old plans died
+
+
+def test_compile_keyword_and_positional_calls_share_plans():
+    """The fast path (positional tensors) and the bound path (keywords, arrays) find the
+    same plans; an array argument is a new Tensor each call, as eager code makes it."""
+    def f(a, b=None):
+        return (a * 2.0).sum() if b is None else (a * b).sum()
+
+    step = ta.compile(ta.no_grad()(f))
+    x, y = np.arange(3.0), np.ones(3)
+    assert step(ta.Tensor(x), None).item() == 6.0                  # fast: captures
+    assert step(a=ta.Tensor(x), b=None).item() == 6.0              # bound: replays
+    assert step(ta.Tensor(x), ta.Tensor(y)).item() == 3.0          # fast: captures
+    assert step(x.astype(np.float32), b=ta.Tensor(2 * y)).item() == 6.0   # bound: replays
+    assert step(ta.Tensor(x), None).item() == 6.0                  # fast: replays
+    assert (step.stats.captures, step.stats.replays) == (2, 3)

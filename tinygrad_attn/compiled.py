@@ -12,9 +12,13 @@ no Tensor, no graph, no version check.
 
 The signature is the shapes, dtypes, devices and requires_grad of the Tensor and array
 arguments, the values of the arguments declared ``static``, grad mode and the default float.
-A plan also guards on the identity of the arrays it reads that are no argument (the
-parameters: ``load_state_dict`` or ``to(device)`` replaces them, and the plan is captured
-again) and on whether each gradient it accumulates into was None when the capture began.
+A plan also guards on what it read that is no argument: the identity of the parameters'
+arrays and of the optimizers' state arrays (``load_state_dict`` or ``to(device)`` replaces
+them, and the plan is captured again), the train/eval mode of every Module whose forward ran
+(dropout on or off), and whether each gradient it accumulates into was None when the capture
+began.  Dropout draws at every replay from the generator current then (``ta.random.using``,
+``ta.manual_seed``), as eager code would; a generator ``fn`` passes to dropout itself, or
+enters with ``using`` inside its body, stays the object the capture drew from.
 
 Nothing is silently frozen: reading a value computed from the inputs on the host while
 capturing (``item()``, ``numpy()``, ``float(t)``, ``bool(t)``, ``.data``) raises
@@ -23,22 +27,27 @@ capturing (``item()``, ``numpy()``, ``float(t)``, ``bool(t)``, ``.data``) raises
 
 from __future__ import annotations
 
+import gc
 import inspect
 import logging
 import os
 import threading
 import traceback
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from . import autograd, tensor
 from . import compiler as _compiler
+from . import random as _random
 from .autograd import current_scope, is_grad_enabled
 from .compiler import get_backend
-from .compiler.capture import CaptureError, Recorder, recording_all
+from .compiler.capture import Call, CaptureError, Const, Recorder, recording_all
 from .compiler.plan import build_plan
+from .compiler.source import compile_source
+from .optim import Optimizer
 from .tensor import Tensor
 
 __all__ = ["compile", "Compiled", "CompileStats", "CaptureError"]
@@ -95,6 +104,7 @@ class _Capture:
         self.ops: list = []
         self.owners: dict[int, Tensor] = {}       # external slot -> the tensor it is the array of
         self.leaves: dict[int, _Leaf] = {}
+        self.modules: dict[int, tuple] = {}        # id -> (Module, its training flag when called)
         self.backward_called = False
         self.retained = False
 
@@ -161,25 +171,191 @@ class _Capture:
     def grad_set(self, t: Tensor) -> None:
         self._leaf(t, False)
 
+    def module_called(self, module) -> None:
+        """``Module.__call__``'s report: the plan holds for this train/eval mode only."""
+        if id(module) not in self.modules:
+            self.modules[id(module)] = (module, bool(module.training))
+
+
+# What a plan's entry answers when one of its guards fails (fn may return None).
+_MISS = object()
+
 
 @dataclass
 class _Plan:
     plan: object                          # compiler.plan.Plan
-    arguments: int                        # how many argument arrays come first
-    grad_ins: list                        # _Leaf whose gradient at entry is an input
-    guards: list                          # (tensor, array): the tensor still holds that array
+    enter: Callable                       # enter(*argument tensors) -> fn's result, or _MISS
+    entry_source: str                     # its text: the guards, the binding, the outputs
+    bound: list                           # (holder, path, array): path from holder reads array
+    modules: list                         # (Module, training flag)
     grad_guards: list                     # (_Leaf, expect None)
-    grad_out: list                        # (_Leaf, index into the results or None)
-    output: object                        # the structure of fn's result
-    devices: dict = field(default_factory=dict)
 
     @property
     def source(self) -> str:
         return self.plan.source
 
+    def alive(self) -> bool:
+        """Whether every array the plan binds by identity is still where it was: a parameter
+        or an optimizer's state replaced (``load_state_dict``, ``to(device)``) kills it."""
+        return all(_follow(holder, path) is array for holder, path, array in self.bound)
 
-def _leaf_tensor(leaf: _Leaf, tensors: list[Tensor]) -> Tensor:
-    return leaf.tensor if leaf.argument is None else tensors[leaf.argument]
+    def why_not(self) -> str:
+        if not self.alive():
+            return "guard: an array the plan reads was replaced"
+        if any(bool(m.training) != flag for m, flag in self.modules):
+            return "guard: a module's train/eval mode changed"
+        return "guard: a gradient's None-ness at entry changed"
+
+
+def _follow(holder, path: tuple):
+    for kind, key in path:
+        holder = getattr(holder, key) if kind == "attr" else holder[key]
+    return holder
+
+
+def _path_text(path: tuple) -> str:
+    return "".join(f".{key}" if kind == "attr" else f"[{key!r}]" for kind, key in path)
+
+
+def _walk(value, path: tuple, depth: int, wanted: set):
+    """(path, array) for every object of ``wanted`` (ids) in ``value``'s dicts, lists and
+    tuples: by identity, whatever the device's array type."""
+    if id(value) in wanted:
+        yield path, value
+        return
+    if depth == 0:
+        return
+    if type(value) is dict:
+        items = [(k, v) for k, v in value.items() if type(k) in (str, int)]
+    elif type(value) in (list, tuple):
+        items = list(enumerate(value))
+    else:
+        return
+    for key, item in items:
+        yield from _walk(item, (*path, ("item", key)), depth - 1, wanted)
+
+
+def _optimizer_paths(arrays: list) -> list:
+    """(optimizer, path, array) for each of ``arrays`` that a live optimizer holds (its state,
+    its settings): arrays the plan binds by identity that no tensor owns.  The optimizers
+    are found once per capture by their type among the live objects: any optimizer whose
+    update the plan recorded holds them, however the function reached it."""
+    wanted = {id(a) for a in arrays}
+    types, stack = set(), [Optimizer]
+    while stack:
+        cls = stack.pop()
+        types.add(cls)
+        stack.extend(cls.__subclasses__())
+    found, seen = [], set()
+    for obj in gc.get_objects():
+        if type(obj) not in types:
+            continue
+        for name, value in vars(obj).items():
+            for path, array in _walk(value, (("attr", name),), 4, wanted):
+                if id(array) not in seen:
+                    seen.add(id(array))
+                    found.append((obj, path, array))
+    return found
+
+
+def _bind_generator(recorder: Recorder, generator) -> object:
+    """Make ``generator`` (the one current when the capture began) an input of the plan
+    instead of a constant, so each replay draws from the generator current then; returns its
+    slot, or None if nothing drew from it."""
+    index = next((i for i, c in enumerate(recorder.constants) if c is generator), None)
+    if index is None:
+        return None
+    slot = recorder.add_slot(generator, "input", True)
+    old = Const(index)
+
+    def swap(value):
+        if type(value) is Const and value == old:
+            return slot
+        if type(value) in (list, tuple):
+            return type(value)(swap(v) for v in value)
+        return value
+
+    for entry in recorder.entries:
+        if isinstance(entry, Call):
+            entry.args = swap(entry.args)
+            entry.kwargs = {k: swap(v) for k, v in entry.kwargs.items()}
+    return slot
+
+
+class _Entry:
+    """The text of a plan's entry: one generated function that checks the guards, binds the
+    arguments' arrays, runs the plan, writes the leaves' gradients and wraps the outputs.
+    Generated rather than looped over lists, because it is what a replay of a small step
+    pays on top of its kernels: with the key from positional arguments (``_fast_key``) a
+    call costs ~1.3 us beyond its kernels, against ~6 us binding the signature and looping."""
+
+    def __init__(self, count: int):
+        self.params = [f"t{k}" for k in range(count)]
+        self.namespace: dict = {"MISS": _MISS}
+        self.guards: list[str] = []
+        self.lines: list[str] = []
+        self._names: dict[tuple[str, int], str] = {}     # (prefix, id) -> name; namespace keeps it alive
+        self._counts: dict[str, int] = {}
+
+    def name(self, prefix: str, value) -> str:
+        key = self._names.get((prefix, id(value)))
+        if key is None:
+            number = self._counts[prefix] = self._counts.get(prefix, -1) + 1
+            key = self._names[(prefix, id(value))] = f"{prefix}{number}"
+            self.namespace[key] = value
+        return key
+
+    def leaf(self, leaf: _Leaf) -> str:
+        return self.params[leaf.argument] if leaf.argument is not None else self.name("leaf", leaf.tensor)
+
+    def output(self, spec) -> str:
+        if spec is None:
+            return "None"
+        kind, inner = spec[0], spec[1]
+        if kind == "tensor":
+            return f"make(results[{inner}], {self.name('backend', spec[2])}, False)"
+        if kind is dict:
+            items = ", ".join(f"{self.name('key', k)}: {self.output(v)}" for k, v in inner.items())
+            return "{" + items + "}"
+        parts = [self.output(v) for v in inner]
+        if kind is list:
+            return "[" + ", ".join(parts) + "]"
+        return "(" + "".join(p + ", " for p in parts).rstrip(" ") + ")"
+
+    def source(self, name: str, described: list[str]) -> str:
+        head = [f"def {name}({', '.join(self.params)}):"]
+        head += [f"    # {p}: {d}" for p, d in zip(self.params, described, strict=True)]
+        if self.guards:
+            head.append("    if (" + "\n            or ".join(self.guards) + "):")
+            head.append("        return MISS")
+        return "\n".join(head + self.lines) + "\n"
+
+
+def _entry(plan, name: str, described: list[str], grad_ins: list, generator_slot, bound: list,
+           modules: list, grad_guards: list, grad_out: list, spec) -> tuple[Callable, str]:
+    entry = _Entry(len(described))
+    entry.namespace.update(plan=plan.fn, make=Tensor._make, generator=_random.generator)
+    for leaf, none in grad_guards:
+        entry.guards.append(f"{entry.leaf(leaf)}._grad is {'not ' if none else ''}None")
+    for holder, path, array in bound:
+        prefix = "param" if isinstance(holder, Tensor) else "optimizer"
+        entry.guards.append(f"{entry.name(prefix, holder)}{_path_text(path)} is not "
+                            f"{entry.name('array', array)}")
+    for module, flag in modules:
+        entry.guards.append(f"{'not ' if flag else ''}{entry.name('module', module)}.training")
+    arrays = [f"{p}._data" for p in entry.params]
+    arrays += [f"{entry.leaf(leaf)}._grad._data" for leaf in grad_ins]
+    if generator_slot is not None:
+        arrays.append("generator()")
+    entry.lines.append(f"    results = plan({', '.join(arrays)})")
+    for leaf, index in grad_out:
+        target = entry.leaf(leaf)
+        value = "None" if index is None else f"make(results[{index}], {target}.backend, False)"
+        entry.lines.append(f"    {target}._grad = {value}")
+    entry.lines.append(f"    return {entry.output(spec)}")
+    source = entry.source(name, described)
+    compile_source(source, f"<ta.compile {name}>", entry.namespace)
+    return entry.namespace[name], source
 
 
 class Compiled:
@@ -193,11 +369,21 @@ class Compiled:
         self.enabled = os.environ.get("TINYGRAD_ATTN_COMPILE", "1") != "0"
         self._signature = inspect.signature(fn)
         self._static = frozenset(static)
-        unknown = {s for s in self._static if isinstance(s, str)} - set(self._signature.parameters)
+        parameters = self._signature.parameters
+        unknown = {s for s in self._static if isinstance(s, str)} - set(parameters)
         if unknown:
             raise TypeError(f"ta.compile: static names {sorted(unknown)} are not parameters of "
                             f"{fn.__qualname__}{self._signature}")
         self._plans: dict[tuple, list[_Plan]] = {}
+        # The fast path: a call with exactly the positional parameters finds its plans by a
+        # key made from the arguments alone (no signature binding): key -> (the positions of
+        # the tensor arguments, or None when all are, the plans list shared with _plans).
+        positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        simple = all(p.kind in positional for p in parameters.values())
+        self._positional = len(parameters) if simple else -1
+        self._static_positions = frozenset(k for k, name in enumerate(parameters)
+                                           if name in self._static or k in self._static)
+        self._fast: dict[tuple, tuple] = {}
         self._warned = False
         self.__wrapped__ = fn
 
@@ -209,6 +395,27 @@ class Compiled:
     def source(self) -> str:
         plans = self.plans
         return plans[-1].source if plans else ""
+
+    def _fast_key(self, args: tuple):
+        """The plans' key from positional arguments, or None where the full binding is
+        needed (another arity, arrays to convert into Tensors, errors to raise)."""
+        if len(args) != self._positional:
+            return None
+        key = []
+        statics = self._static_positions
+        for position, value in enumerate(args):
+            if position in statics:
+                key.append(value)
+            elif isinstance(value, Tensor):
+                data = value._data
+                key.append((data.shape, data.dtype, value.backend, value.requires_grad))
+            elif value is None:
+                key.append(None)
+            else:
+                return None
+        key.append(autograd._state.grad_enabled)
+        key.append(tensor.default_float)
+        return tuple(key)
 
     def _arguments(self, args, kwargs):
         """(call args, call kwargs, the tensors in order, their names, the key)."""
@@ -256,34 +463,54 @@ class Compiled:
             if not self.enabled:
                 self.stats.eager_calls += 1
             return self.fn(*args, **kwargs)
+        fast_key = None if kwargs else self._fast_key(args)
+        found = self._fast.get(fast_key) if fast_key is not None else None
+        if found is not None:
+            positions, plans = found
+            tensors = args if positions is None else [args[k] for k in positions]
+            for plan in plans:
+                result = plan.enter(*tensors)
+                if result is not _MISS:
+                    self.stats.replays += 1
+                    return result
+        return self._call(args, kwargs, fast_key)
+
+    def _call(self, args, kwargs, fast_key):
+        """A call the fast path did not replay: bind the signature, find or capture a plan."""
         call_args, call_kwargs, tensors, names, key = self._arguments(args, kwargs)
         candidates = self._plans.get(key)
         reason = "new signature"
         if candidates:
             for plan in candidates:
-                if all(t._data is array for t, array in plan.guards) and all(
-                        (_leaf_tensor(leaf, tensors)._grad is None) == none
-                        for leaf, none in plan.grad_guards):
+                result = plan.enter(*tensors)
+                if result is not _MISS:
                     self.stats.replays += 1
-                    return _replay(plan, tensors)
-            replaced = [p for p in candidates if not all(t._data is a for t, a in p.guards)]
-            if replaced:
-                # A parameter was replaced (load_state_dict, to(device)): that plan is dead.
-                candidates.remove(replaced[0])
+                    self._remember(fast_key, args, candidates)
+                    return result
+            # A parameter or an optimizer's state was replaced: those plans are dead.
+            dead = [p for p in candidates if not p.alive()]
+            reason = (dead or candidates)[-1].why_not()
+            for plan in dead:
+                candidates.remove(plan)
                 self.stats.plans -= 1
-                reason = "guard: an array the plan reads was replaced"
-            else:
-                reason = "guard: a gradient's None-ness at entry changed"
         if self.stats.plans >= self.max_plans:
             if not self._warned:
                 self._warned = True
                 warnings.warn(f"ta.compile({self.fn.__qualname__}): {self.max_plans} plans captured "
                               f"already (max_plans); running eagerly from now on for new signatures "
                               f"({reason}). Pad shapes to fewer sizes, or declare fewer values static",
-                              UserWarning, stacklevel=2)
+                              UserWarning, stacklevel=3)
             self.stats.eager_calls += 1
             return self.fn(*call_args, **call_kwargs)
-        return self._capture(key, reason, call_args, call_kwargs, tensors, names)
+        result = self._capture(key, reason, call_args, call_kwargs, tensors, names)
+        self._remember(fast_key, args, self._plans[key])
+        return result
+
+    def _remember(self, fast_key, args, plans: list) -> None:
+        if fast_key is None or fast_key in self._fast:
+            return
+        positions = tuple(k for k, value in enumerate(args) if isinstance(value, Tensor))
+        self._fast[fast_key] = (None if len(positions) == len(args) else positions, plans)
 
     def _capture(self, key, reason, call_args, call_kwargs, tensors, names):
         with _CAPTURE_LOCK:
@@ -296,6 +523,7 @@ class Compiled:
                     raise CaptureError(f"ta.compile({self.fn.__qualname__}): argument {name!r} shares "
                                        f"its array with another argument; pass distinct tensors")
                 inputs.append((_identifier(name), recorder.input(t._data)))
+            generator = _random.generator()
             with recording_all(recorder):
                 autograd._state.capture = capture
                 try:
@@ -303,7 +531,7 @@ class Compiled:
                     spec, outputs = _output_spec(capture, result)
                 finally:
                     autograd._state.capture = None
-            plan = self._build(capture, key, inputs, spec, outputs, tensors)
+            plan = self._build(capture, key, inputs, spec, outputs, tensors, generator)
         self._plans.setdefault(key, []).append(plan)
         self.stats.plans += 1
         self.stats.captures += 1
@@ -312,7 +540,7 @@ class Compiled:
                   self.stats.captures, reason, plan.plan.calls)
         return result
 
-    def _build(self, capture: _Capture, key, inputs, spec, outputs, tensors) -> _Plan:
+    def _build(self, capture: _Capture, key, inputs, spec, outputs, tensors, generator) -> _Plan:
         recorder = capture.recorder
         if capture.retained:
             raise CaptureError(f"ta.compile({self.fn.__qualname__}): backward(retain_graph=True) "
@@ -320,6 +548,10 @@ class Compiled:
         grad_ins = [leaf for leaf in capture.leaves.values() if leaf.grad_in is not None]
         for leaf in grad_ins:
             inputs.append((_identifier(f"grad_{_leaf_name(leaf, inputs)}"), leaf.grad_in))
+        generator_slot = _bind_generator(recorder, generator)
+        taken = {name for name, _ in inputs}
+        if generator_slot is not None:
+            inputs.append((_unique("generator", taken), generator_slot))
         grad_out, returns = [], list(outputs)
         for leaf in capture.leaves.values():
             final = leaf.tensor._grad
@@ -329,26 +561,37 @@ class Compiled:
                 grad_out.append((leaf, len(returns)))
                 returns.append(capture.see(final))
         external_names = {}
-        taken = {name for name, _ in inputs}
         for index, owner in capture.owners.items():
-            name = _identifier(f"p_{owner.name}" if owner.name else f"e{index}")
-            while name in taken:
-                name = f"{name}_{index}"
-            taken.add(name)
-            external_names[index] = name
+            external_names[index] = _unique(_identifier(f"p_{owner.name}" if owner.name else f"e{index}"),
+                                            taken, index)
         number = self.stats.captures + 1
         device = tensors[0].device if tensors else "cpu"
         pairs = zip(inputs[:len(tensors)], tensors, strict=True)
-        described = ", ".join(f"{name} {t.shape} {t.dtype}" for (name, _), t in pairs)
-        title = (f"{self.fn.__qualname__}, plan {number}\ninputs {described or 'none'}; grad "
-                 f"{'on' if key[-2] else 'off'}")
-        plan = build_plan(recorder, name=_identifier(f"{getattr(self.fn, '__name__', 'fn')}_plan_{number}"),
-                          title=title, inputs=inputs, returns=returns, external_names=external_names,
-                          device=device, resolve=get_backend)
-        guards = [(owner, recorder.arrays[index]) for index, owner in capture.owners.items()]
+        described = [f"{name} {t.shape} {t.dtype}" for (name, _), t in pairs]
+        title = (f"{self.fn.__qualname__}, plan {number}\ninputs {', '.join(described) or 'none'}; "
+                 f"grad {'on' if key[-2] else 'off'}")
+        name = _identifier(f"{getattr(self.fn, '__name__', 'fn')}_plan_{number}")
+        plan = build_plan(recorder, name=name, title=title, inputs=inputs, returns=returns,
+                          external_names=external_names, device=device, resolve=get_backend)
+        bound = [(owner, (("attr", "_data"),), recorder.arrays[index])
+                 for index, owner in capture.owners.items()]
+        unowned = [recorder.arrays[i] for i, kind in enumerate(recorder.kinds)
+                   if kind == "external" and i not in capture.owners]
+        if unowned:
+            bound += _optimizer_paths(unowned)
+        modules = list(capture.modules.values())
         grad_guards = [(leaf, leaf.expect_none) for leaf in capture.leaves.values()
                        if leaf.expect_none is not None]
-        return _Plan(plan, len(tensors), grad_ins, guards, grad_guards, grad_out, spec)
+        enter, entry_source = _entry(plan, f"enter_{name}", described, grad_ins, generator_slot, bound,
+                                     modules, grad_guards, grad_out, spec)
+        return _Plan(plan, enter, entry_source, bound, modules, grad_guards)
+
+
+def _unique(name: str, taken: set, suffix=None) -> str:
+    while name in taken:
+        name = f"{name}_{suffix if suffix is not None else len(taken)}"
+    taken.add(name)
+    return name
 
 
 def _leaf_name(leaf: _Leaf, inputs) -> str:
@@ -385,28 +628,6 @@ def _output_spec(capture: _Capture, result):
                            f"would be frozen into the plan")
 
     return walk(result), slots
-
-
-def _rebuild(spec, arrays):
-    if spec is None:
-        return None
-    kind, inner = spec[0], spec[1]
-    if kind == "tensor":
-        return Tensor._make(arrays[inner], spec[2], False)
-    if kind is dict:
-        return {k: _rebuild(v, arrays) for k, v in inner.items()}
-    return kind(_rebuild(v, arrays) for v in inner)
-
-
-def _replay(plan: _Plan, tensors: list[Tensor]):
-    arrays = [t._data for t in tensors]
-    for leaf in plan.grad_ins:
-        arrays.append(_leaf_tensor(leaf, tensors)._grad._data)
-    results = plan.plan.fn(*arrays)
-    for leaf, index in plan.grad_out:
-        target = _leaf_tensor(leaf, tensors)
-        target._grad = None if index is None else Tensor._make(results[index], target.backend, False)
-    return _rebuild(plan.output, results)
 
 
 def compile(fn=None, *, static=(), max_plans: int = 8):  # noqa: A001 - ta.compile, as torch.compile

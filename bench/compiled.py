@@ -1,0 +1,247 @@
+"""ta.compile against eager and against PyTorch eager, same weights, float32, same run:
+
+    tiny            ``(a*b + a).sum()`` forward and backward on two (4,) tensors, in us: what a
+                    replay costs per call beyond its kernels (the issue's target: compiled
+                    <= 0.2x torch eager).
+    mlp             a training step of an MLP (64 -> 256 -> 256 -> 10, ReLU, batch 64,
+                    cross-entropy, Adam): zero_grad, loss, backward, update, in ms.
+    encoder layer   ta.nn.TransformerEncoderLayer(d_model 128, 4 heads, feed-forward 512,
+                    dropout 0) on a (32, 20, 128) batch, loss mean(y**2), backward, Adam, in ms;
+                    torch.nn.TransformerEncoderLayer(batch_first=True) with the same weights.
+    transformer     the training step of bench/transformer.py (ta.models.Transformer d_model 128,
+                    4 heads, 2+2 layers, feed-forward 512, batch 32, lengths 20, Adam), in ms;
+                    skipped with a note when the capture refuses the model's step.
+
+Each compiled step is first checked against an eager twin (three steps from the same weights:
+the parameters must agree bitwise, as nothing is fused yet) and its capture is timed.
+Contenders alternate within each repeat; ratios are of medians from the same run (absolute
+times drift by 25-40% between runs on shared machines).
+
+Run:  .venv/bin/python bench/compiled.py [--repeats 7] [--budget 0.2] [--threads 1|2]
+          [--only tiny|mlp|layer|transformer]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+from timing import cpu_model, cpu_seconds, others_note, run_alternating, set_threads
+from transformer import batch as transformer_batch
+from transformer import engine_model as transformer_model
+
+import tinygrad_attn as ta
+from tinygrad_attn import functional as F
+
+try:
+    import torch
+except ImportError:  # time ours alone
+    torch = None
+
+CHECK_STEPS = 3
+
+
+def report(times: dict) -> None:
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    for name, value in med.items():
+        spread = f"{min(times[name]):.2f}-{max(times[name]):.2f}"
+        line = f"  {name:<10} {value:9.2f}   (repeats {spread})"
+        ratios = [f"{med[name] / med[other]:.2f}x {other}" for other in ("eager", "torch")
+                  if other in med and other != name and name != "torch"]
+        if ratios:
+            line += "   takes " + ", ".join(ratios)
+        print(line)
+
+
+def twins(make):
+    """Two engine models with the same weights: one compiled, one eager."""
+    ta.manual_seed(0)
+    first, second = make(), make()
+    second.load_state_dict(first.state_dict())
+    return first, second
+
+
+def check_and_capture(compiled_step, eager_step, compiled_params, eager_params, inputs) -> None:
+    """Time the capture, then hold the compiled steps to the eager ones, parameter by parameter."""
+    t0 = time.perf_counter()
+    compiled_step(*inputs)
+    capture = time.perf_counter() - t0
+    eager_step(*inputs)
+    for _ in range(CHECK_STEPS - 1):
+        compiled_step(*inputs)
+        eager_step(*inputs)
+    worst = max(float(np.abs(p.numpy() - q.numpy()).max())
+                for p, q in zip(compiled_params, eager_params, strict=True))
+    print(f"  first capture {capture * 1e3:.0f} ms; {compiled_step.stats.captures} captures, "
+          f"{compiled_step.plans[-1].calls} kernel calls a replay; after {CHECK_STEPS} steps the "
+          f"compiled and eager parameters "
+          + ("agree bitwise" if worst == 0.0 else f"differ by up to {worst:.3g}"))
+
+
+def bench_tiny(args) -> None:
+    print("tiny (a*b+a).sum() forward+backward, us:")
+    rng = np.random.default_rng(0)
+    an, bn = rng.standard_normal(4).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+    a, b = ta.Tensor(an, requires_grad=True), ta.Tensor(bn, requires_grad=True)
+
+    def f(a, b):
+        loss = (a * b + a).sum()
+        loss.backward()
+        return loss
+
+    step = ta.compile(f)
+
+    def compiled():
+        a._grad = b._grad = None
+        step(a, b)
+
+    def eager():
+        a._grad = b._grad = None
+        f(a, b)
+
+    for _ in range(2):                           # capture, then replay
+        a._grad = b._grad = None
+        loss = step(a, b)
+    if not (np.isclose(loss.item(), (an * bn + an).sum(), rtol=1e-6)
+            and np.allclose(a.grad.numpy(), bn + 1) and np.allclose(b.grad.numpy(), an)):
+        sys.exit("the compiled tiny step disagrees with numpy")
+    print(f"  {step.plans[-1].calls} kernel calls a replay")
+    contenders = {"eager": eager, "compiled": compiled}
+    if torch is not None:
+        ta_, tb = (torch.tensor(v, requires_grad=True) for v in (an, bn))
+
+        def torch_step():
+            ta_.grad = tb.grad = None
+            (ta_ * tb + ta_).sum().backward()
+
+        contenders["torch"] = torch_step
+    report(run_alternating(contenders, args.repeats, args.budget, unit=1e6))
+
+
+class MLP(ta.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = ta.nn.Linear(64, 256), ta.nn.Linear(256, 256), ta.nn.Linear(256, 10)
+
+    def forward(self, x):
+        return self.fc3(self.fc2(self.fc1(x).relu()).relu())
+
+
+def _engine_steps(models, loss_of, inputs):
+    """(compiled step, eager step) over twin models, each with its own Adam."""
+    optimizers = [ta.optim.Adam(m.parameters(), lr=1e-3) for m in models]
+
+    def step_of(model, optimizer):
+        def step(*args):
+            optimizer.zero_grad()
+            loss = loss_of(model, *args)
+            loss.backward()
+            optimizer.step()
+            return loss
+        return step
+
+    compiled = ta.compile(step_of(models[0], optimizers[0]))
+    eager = step_of(models[1], optimizers[1])
+    check_and_capture(compiled, eager, models[0].parameters(), models[1].parameters(), inputs)
+    return compiled, eager
+
+
+def _torch_step(model, loss_of, inputs):
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+    def step():
+        optimizer.zero_grad()
+        loss = loss_of(model, *inputs)
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def _bench_module(args, title, make, make_torch, loss_of, torch_loss_of, arrays) -> None:
+    print(f"{title}:")
+    models = twins(make)
+    inputs = tuple(ta.Tensor(a) for a in arrays)
+    compiled, eager = _engine_steps(models, loss_of, inputs)
+    contenders = {"eager": lambda: eager(*inputs), "compiled": lambda: compiled(*inputs)}
+    if torch is not None:
+        twin = make_torch()
+        twin.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in models[1].state_dict().items()})
+        contenders["torch"] = _torch_step(twin, torch_loss_of, tuple(torch.from_numpy(a) for a in arrays))
+    report(run_alternating(contenders, args.repeats, args.budget))
+
+
+def bench_mlp(args) -> None:
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((64, 64)).astype(np.float32), rng.integers(0, 10, 64)
+
+    def make_torch():
+        class TorchMLP(torch.nn.Module):            # the engine's parameter names
+            def __init__(self):
+                super().__init__()
+                linear = torch.nn.Linear
+                self.fc1, self.fc2, self.fc3 = linear(64, 256), linear(256, 256), linear(256, 10)
+
+            def forward(self, x):
+                return self.fc3(self.fc2(self.fc1(x).relu()).relu())
+
+        return TorchMLP()
+
+    _bench_module(args, "mlp 64-256-256-10 training step (batch 64, Adam), ms", MLP, make_torch,
+                  lambda m, x, y: F.cross_entropy(m(x), y),
+                  lambda m, x, y: torch.nn.functional.cross_entropy(m(x), y), (x, y))
+
+
+def bench_layer(args) -> None:
+    x = np.random.default_rng(2).standard_normal((32, 20, 128)).astype(np.float32)
+    _bench_module(
+        args, "encoder layer (d_model 128, 4 heads, ff 512; batch 32, length 20) step with Adam, ms",
+        lambda: ta.nn.TransformerEncoderLayer(128, 4, dim_feedforward=512, dropout=0.0),
+        lambda: torch.nn.TransformerEncoderLayer(128, 4, 512, dropout=0.0, batch_first=True),
+        lambda m, x: (m(x) ** 2).mean(), lambda m, x: (m(x) ** 2).mean(), (x,))
+
+
+def bench_transformer(args) -> None:
+    print("transformer (d_model 128, 4 heads, 2+2 layers, ff 512; batch 32, lengths 20) step, ms:")
+    models = twins(transformer_model)
+    arrays = transformer_batch()
+    inputs = tuple(ta.Tensor(a) for a in arrays)
+    try:
+        compiled, eager = _engine_steps(models, lambda m, *ids: m.loss(*ids), inputs)
+    except ta.CaptureError as error:
+        print(f"  skipped: the capture refuses the model's step: {error}")
+        return
+    contenders = {"eager": lambda: eager(*inputs), "compiled": lambda: compiled(*inputs)}
+    if torch is not None:
+        twin = models[1].to_torch()
+        contenders["torch"] = _torch_step(twin, lambda m, *ids: m.loss(*ids),
+                                          tuple(torch.from_numpy(a) for a in arrays))
+    report(run_alternating(contenders, args.repeats, args.budget))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--budget", type=float, default=0.2, help="seconds per measurement")
+    parser.add_argument("--threads", type=int, default=None, help="pin every thread pool to N")
+    parser.add_argument("--only", choices=["tiny", "mlp", "layer", "transformer"], default=None)
+    args = parser.parse_args(argv)
+    if args.threads:
+        set_threads(args.threads, torch)
+    threads = args.threads or "default"
+    print(f"# ta.compile against eager and torch eager, float32, threads {threads}; {cpu_model()}")
+    if torch is None:
+        print("# torch is not installed: the engine is timed alone")
+    since = cpu_seconds()
+    benches = {"tiny": bench_tiny, "mlp": bench_mlp, "layer": bench_layer, "transformer": bench_transformer}
+    for name, bench in benches.items():
+        if args.only in (None, name):
+            bench(args)
+    others_note(since, "during the run")
+
+
+if __name__ == "__main__":
+    main()
