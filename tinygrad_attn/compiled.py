@@ -58,16 +58,6 @@ _PACKAGE_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for 
 # Backends are process-wide: one capture at a time (other threads' eager calls pass through).
 _CAPTURE_LOCK = threading.RLock()
 
-# Ops whose host reads of their inputs only check them (and raise) until they are kernels:
-# op name -> whether this op's reads are pure checks.  A cross-entropy without ignore_index
-# also counts its rows on the host, but the count is the shape's.
-_CHECK_READS = {
-    "Embedding": lambda op: True,
-    "CrossEntropy": lambda op: op.ignore_index is None,
-    "NLLLoss": lambda op: op.ignore_index is None,
-}
-
-
 def _user_line() -> str:
     for frame in reversed(traceback.extract_stack()):
         if not os.path.abspath(frame.filename).startswith(_PACKAGE_DIRS):
@@ -114,8 +104,6 @@ class _Capture:
                            f"inside a compiled function, or run it eagerly")
 
     def on_read(self, what: str):
-        if self.ops and (check := _CHECK_READS.get(self.ops[-1].name)) is not None and check(self.ops[-1]):
-            return
         inside = f" inside {self.ops[-1].name}" if self.ops else ""
         raise CaptureError(f"ta.compile: a value computed from the inputs was read on the host "
                            f"({what}{inside}) while capturing, at {_user_line()}: the plan would freeze "
