@@ -485,3 +485,30 @@ def test_compile_keyword_and_positional_calls_share_plans():
     assert step(x.astype(np.float32), b=ta.Tensor(2 * y)).item() == 6.0   # bound: replays
     assert step(ta.Tensor(x), None).item() == 6.0                  # fast: replays
     assert (step.stats.captures, step.stats.replays) == (2, 3)
+
+
+def test_compile_parameters_of_the_same_name_get_distinct_names():
+    """Two layers' parameters are both called "weight": the plan's names (parameters bound by
+    identity, gradients read at entry) must stay distinct, or one layer would read the other's."""
+    ta.manual_seed(0)
+    layers = [nn.Linear(3, 3).astype(np.float64) for _ in range(2)]
+    params = [p for layer in layers for p in layer.parameters()]
+
+    def step(x):
+        loss = layers[1](layers[0](x).tanh()).sum()
+        loss.backward()
+        return loss
+
+    compiled = ta.compile(step)
+    rng = np.random.default_rng(3)
+    for _ in range(3):                                  # gradients accumulate: read at entry
+        x = _tensor(rng.standard_normal((2, 3)), "cpu")
+        compiled(x)
+    got = _grads(params)
+    for p in params:
+        p.grad = None
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        step(_tensor(rng.standard_normal((2, 3)), "cpu"))
+    _assert_same(got, _grads(params))
+    assert compiled.stats.replays == 1

@@ -534,10 +534,12 @@ class Compiled:
             raise CaptureError(f"ta.compile({self.fn.__qualname__}): backward(retain_graph=True) "
                                f"inside a compiled function is not supported")
         grad_ins = [leaf for leaf in capture.leaves.values() if leaf.grad_in is not None]
-        for leaf in grad_ins:
-            inputs.append((_identifier(f"grad_{_leaf_name(leaf, inputs)}"), leaf.grad_in))
-        generator_slot = _bind_generator(recorder, generator)
         taken = {name for name, _ in inputs}
+        for leaf in grad_ins:
+            # Two layers' parameters may share a name ("weight"): every name is made unique.
+            name = _unique(_identifier(f"grad_{_leaf_name(leaf, inputs)}"), taken, len(inputs))
+            inputs.append((name, leaf.grad_in))
+        generator_slot = _bind_generator(recorder, generator)
         if generator_slot is not None:
             inputs.append((_unique("generator", taken), generator_slot))
         grad_out, returns = [], list(outputs)
