@@ -16,21 +16,23 @@ identity: parameters) under the names the engine gives (``p_0_weight``), other c
 ``c3``.  A slot's name is dropped (``del t4``) right after its last use, so an intermediate
 buffer is freed as soon as the plan no longer needs it, as eager frees it when its Tensor
 dies.  The source is compiled under a readable file name registered with ``linecache``:
-tracebacks and ``inspect`` show the plan's lines.
+tracebacks and ``inspect`` show the plan's lines.  Before the source is written, ``peepholes``
+drops the calls that provably change nothing (a same-shape ``sum_to`` or ``reshape``) and
+hands a dying buffer to the gradient that would have copied it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from .capture import Call, Const, Recorder, Slot, View
 from .source import compile_source
 
-__all__ = ["Plan", "build_plan", "compile_source", "rebuild_view"]
+__all__ = ["Plan", "build_plan", "compile_source", "peepholes", "rebuild_view"]
 
 
 def rebuild_view(source, offset: int, shape: tuple, strides: tuple, dtype):
@@ -145,9 +147,7 @@ def _last_uses(entries: list, keep: set) -> dict[int, list[int]]:
     """entry index -> the slots whose last use it is (not counting those in ``keep``)."""
     last: dict[int, int] = {}
     for i, entry in enumerate(entries):
-        used = _slots(entry.args, []) + _slots(entry.kwargs, []) + _slots(entry.outs, []) \
-            if isinstance(entry, Call) else [entry.slot.index, entry.source.index]
-        for s in used:
+        for s in _used(entry):
             last[s] = i
     dead: dict[int, list[int]] = {}
     for s, i in last.items():
@@ -181,6 +181,9 @@ def build_plan(recorder: Recorder, *, name: str, title: str, inputs: list[tuple[
         from .fuse import fuse as fused_entries
 
         entries = fused_entries(recorder, resolve, keep={s.index for s in returns})
+    entries, renamed = peepholes(recorder, entries, keep)
+    returns = [renamed.get(s.index, s) for s in returns]
+    keep |= {s.index for s in returns}             # a buffer handed over lives to the return
     dead = _last_uses(entries, keep)
 
     body: list[str] = []
@@ -219,6 +222,124 @@ def build_plan(recorder: Recorder, *, name: str, title: str, inputs: list[tuple[
     namespace = names.namespace
     filename = compile_source(source, f"<ta.compile {name}>", namespace)
     return Plan(name, source, namespace[name], filename, externals, calls, namespace)
+
+
+# ---------------------------------------------------------------- peepholes
+
+# Kernels that never write into their arguments and return their first argument itself when
+# there is nothing to do: ``sum_to`` to the same shape, ``to_numpy`` on the host (decided by
+# shapes alone, which a replay shares with its capture); ``asarray`` of an array already of
+# the dtype and C-contiguous, ``broadcast_to`` of a C-contiguous array to its own shape
+# (decided by the layout too, which an argument bound afresh may not share).
+SHAPE_IDENTITY_KERNELS = frozenset({"sum_to", "to_numpy"})
+LAYOUT_IDENTITY_KERNELS = frozenset({"asarray", "broadcast_to"})
+
+
+def _root_of(array):
+    while isinstance(array, np.ndarray) and isinstance(array.base, np.ndarray):
+        array = array.base
+    return array
+
+
+def _same_geometry(a, b) -> bool:
+    return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape
+            and a.strides == b.strides and a.dtype == b.dtype
+            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0])
+
+
+def peepholes(recorder: Recorder, entries: list, keep: set) -> tuple[list, dict]:
+    """``entries`` without the calls that are no-ops at every replay, and the slots renamed
+    (slot index -> the Slot standing for it).  The plan computes the same bits:
+
+    - a kernel of SHAPE_IDENTITY_KERNELS that returned its first argument, or one of
+      LAYOUT_IDENTITY_KERNELS that did so on an array that is not an argument: dropped;
+    - ``reshape`` to the same shape (a view of the whole array, same strides): the view is
+      its source, read under the source's name;
+    - ``copy(x)`` (a leaf's gradient from backward's sum) where x is a kernel's own
+      C-contiguous result and no slot on x's memory is read after the copy, or returned:
+      x is handed over, y = x, as no one else holds it any more.
+
+    Returned slots are never renamed away.  Host arrays only: a device array's geometry is
+    not inspected, so its calls stay as recorded.
+    """
+    arrays, kinds = recorder.arrays, recorder.kinds
+    last: dict[int, int] = {}
+    for i, entry in enumerate(entries):
+        for s in _used(entry):
+            last[s] = i
+    # id(memory root) -> the slots on that memory; a buffer handed over joins its reader's.
+    sharing: dict[int, list[int]] = {}
+    for s in last:
+        if isinstance(arrays[s], np.ndarray):
+            sharing.setdefault(id(_root_of(arrays[s])), []).append(s)
+
+    def group(slot: int) -> list[int]:
+        return sharing.get(id(_root_of(arrays[slot])), [slot])
+
+    def held_after(slot: int, i: int) -> bool:
+        return any(other in keep or last[other] > i for other in group(slot))
+
+    renamed: dict[int, Slot] = {}
+    kept: list = []
+    for i, entry in enumerate(entries):
+        if renamed:
+            entry = _renamed(entry, renamed)
+        if not isinstance(entry, Call) or not entry.args or not isinstance(entry.args[0], Slot):
+            kept.append(entry)
+            continue
+        source, outs, kernel = entry.args[0], entry.outs, entry.kernel
+        if outs == source and (kernel in SHAPE_IDENTITY_KERNELS or kernel in LAYOUT_IDENTITY_KERNELS
+                               and kinds[source.index] != "input"):
+            continue
+        if type(outs) is not Slot or kinds[outs.index] != "out":
+            kept.append(entry)
+            continue
+        if kernel == "reshape" and outs.index not in keep \
+                and _same_geometry(arrays[outs.index], arrays[source.index]):
+            renamed[outs.index] = source
+            continue
+        if (kernel == "copy" and len(entry.args) == 1 and not entry.kwargs
+                and kinds[source.index] == "out" and _handed_over(arrays[source.index], arrays[outs.index])
+                and not held_after(source.index, i)):
+            renamed[outs.index] = source
+            merged = group(source.index)
+            for other in group(outs.index):
+                if other not in merged:
+                    merged.append(other)
+                sharing[id(_root_of(arrays[other]))] = merged
+            continue
+        kept.append(entry)
+    return kept, renamed
+
+
+def _used(entry) -> list:
+    if isinstance(entry, Call):
+        return _slots(entry.args, []) + _slots(entry.kwargs, []) + _slots(entry.outs, [])
+    return [entry.slot.index, entry.source.index]
+
+
+def _handed_over(source, copy) -> bool:
+    """Whether ``source`` may stand for its ``copy``: a host array owning its memory, laid
+    out as the copy is (C order) and as writeable (a gradient is updated in place), so every
+    reader sees the same values and strides."""
+    return (isinstance(source, np.ndarray) and isinstance(copy, np.ndarray) and source.base is None
+            and source.flags.c_contiguous and copy.flags.c_contiguous and source.shape == copy.shape
+            and source.dtype == copy.dtype and source.flags.writeable >= copy.flags.writeable)
+
+
+def _renamed(entry, renamed: dict):
+    def swap(value):
+        if isinstance(value, Slot):
+            return renamed.get(value.index, value)
+        if type(value) in (list, tuple):
+            return type(value)(swap(v) for v in value)
+        if type(value) is dict:
+            return {k: swap(v) for k, v in value.items()}
+        return value
+
+    if isinstance(entry, View):
+        return replace(entry, source=swap(entry.source))
+    return replace(entry, args=swap(entry.args), kwargs=swap(entry.kwargs), outs=swap(entry.outs))
 
 
 def _dtype(recorder: Recorder, dtype) -> int:
