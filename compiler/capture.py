@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CaptureError", "Recorder", "Slot", "Const", "View", "Call", "HOST_READS", "recording_all"]
+__all__ = ["CaptureError", "Recorder", "Slot", "Const", "View", "Call", "HOST_READS", "recording_all",
+           "slot_indices"]
 
 # Kernels that copy a device value to the host, where Python can read (and freeze) it.
 HOST_READS = frozenset({"to_numpy"})
@@ -85,6 +86,20 @@ class View:
     strides: tuple
     dtype: np.dtype
     tag: tuple = ()
+
+
+def slot_indices(value, found: list) -> list:
+    """``found`` extended by the indices of every Slot in ``value`` (a template: Slots inside
+    lists, tuples and dicts)."""
+    if isinstance(value, Slot):
+        found.append(value.index)
+    elif type(value) in (list, tuple):
+        for v in value:
+            slot_indices(v, found)
+    elif type(value) is dict:
+        for v in value.values():
+            slot_indices(v, found)
+    return found
 
 
 def _is_array(x) -> bool:

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import elementwise_formulas
-from .capture import Call, Recorder, Slot, View
+from .capture import Call, Recorder, Slot, View, slot_indices
 from .compose import Member, compose, member_kernel
 from .formulas import Formula
 
@@ -74,18 +74,6 @@ def _formula_kernels() -> dict[str, tuple[Formula, int]]:
     return found
 
 
-def _slots(value, found: list) -> list:
-    if isinstance(value, Slot):
-        found.append(value.index)
-    elif type(value) in (list, tuple):
-        for v in value:
-            _slots(v, found)
-    elif type(value) is dict:
-        for v in value.values():
-            _slots(v, found)
-    return found
-
-
 def _identity_sum_to(entry) -> bool:
     return (isinstance(entry, Call) and entry.kernel == "sum_to" and entry.device in FUSING_DEVICES
             and isinstance(entry.outs, Slot) and entry.args[:1] == (entry.outs,))
@@ -104,7 +92,7 @@ class _Graph:
             if isinstance(entry, View):
                 self.readers.setdefault(entry.source.index, set()).add(i)
                 continue
-            read = _slots(entry.args, []) + _slots(entry.kwargs, [])
+            read = slot_indices(entry.args, []) + slot_indices(entry.kwargs, [])
             for s in read:
                 self.readers.setdefault(s, set()).add(i)
             if isinstance(entry.outs, Slot) and entry.outs.index not in read:
@@ -155,7 +143,7 @@ def _grow(graph: _Graph, root: int, taken: set, max_members: int) -> set:
         for m in sorted(group, reverse=True):
             if m not in graph.members:
                 continue                               # an absorbed broadcast: its input is a leaf
-            for s in _slots(entries[m].args, []):
+            for s in slot_indices(entries[m].args, []):
                 p = graph.producer.get(s)
                 if p is None or p in group or p in taken or s in graph.keep:
                     continue
@@ -176,7 +164,7 @@ def _written(entry) -> list[int]:
     # In-place kernels are named with a trailing underscore (add_, adam_): any array they
     # are given may be written.
     if isinstance(entry, Call) and entry.kernel.endswith("_"):
-        return _slots(entry.args, []) + _slots(entry.kwargs, [])
+        return slot_indices(entry.args, []) + slot_indices(entry.kwargs, [])
     return []
 
 

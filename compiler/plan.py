@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .capture import Call, Const, Recorder, Slot, View
+from .capture import Call, Const, Recorder, Slot, View, slot_indices
 from .source import compile_source
 
 __all__ = ["Plan", "build_plan", "compile_source", "peepholes", "rebuild_view"]
@@ -129,18 +129,6 @@ class _Names:
         if value is Ellipsis:
             return "..."
         return repr(value)
-
-
-def _slots(value, found: list) -> list:
-    if isinstance(value, Slot):
-        found.append(value.index)
-    elif type(value) in (list, tuple):
-        for v in value:
-            _slots(v, found)
-    elif type(value) is dict:
-        for v in value.values():
-            _slots(v, found)
-    return found
 
 
 def _last_uses(entries: list, keep: set) -> dict[int, list[int]]:
@@ -314,7 +302,7 @@ def peepholes(recorder: Recorder, entries: list, keep: set) -> tuple[list, dict]
 
 def _used(entry) -> list:
     if isinstance(entry, Call):
-        return _slots(entry.args, []) + _slots(entry.kwargs, []) + _slots(entry.outs, [])
+        return slot_indices(entry.args, []) + slot_indices(entry.kwargs, []) + slot_indices(entry.outs, [])
     return [entry.slot.index, entry.source.index]
 
 
