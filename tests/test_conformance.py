@@ -275,6 +275,10 @@ def movement(rng, dtype, shape):
              ("broadcast_to", (small, (2,) + shape)), ("cat", ([x, x[:1] * 2, x], 0)),
              ("cat", ([x, x], axis)), ("split", (x, sizes, axis)), ("stack", ([x, -x], axis)),
              ("stack", ([x.astype(np.int64)] * 2, -1))]
+    # A decoding cache's write: one position along an axis, in place (the result is x).
+    row = rng.normal(size=shape[:axis % len(shape)] + (1,) + shape[axis % len(shape) + 1:]).astype(dtype)
+    cases += [("write_at_", (x.copy(), np.array(rng.integers(0, shape[axis]), dtype=np.int64), row,
+                             axis % len(shape)))]
     for index in [(0,), (slice(None, None, -1), Ellipsis), (Ellipsis, -1), (None, slice(1, None, 2)),
                   (0,) * len(shape), (np.array([0, -1, 0]),), (x > 0,), (slice(None), np.array([0, 0]))]:
         picked = REFERENCE.getitem(x, index)

@@ -1,5 +1,6 @@
 """Movement: reshape (a view), permute, broadcast_to, getitem(+back), cat, split, stack
-(strided copies), and the embedding lookup and its scatter-add."""
+(strided copies), the embedding lookup and its scatter-add, and the in-place write of one
+position (a decoding cache's)."""
 
 from __future__ import annotations
 
@@ -203,10 +204,32 @@ def embedding_back(num_rows, ids, dy, padding_idx):
     return dw
 
 
+@cuda.jit
+def _write_at_kernel(x, position, values, length, inner, n):
+    # The position is read on the device: a replayed plan passes the array, never a number.
+    at = position[0]
+    if at < 0:
+        at += length
+    for i in range(cuda.grid(1), n, cuda.gridsize(1)):
+        x[((i // inner) * length + at) * inner + i % inner] = values[i]
+
+
+def write_at_(x, position, values, axis):
+    """x[..., position, ...] = values in place along ``axis`` (values: x's shape with 1
+    there; position: a 0-d int device array); returns x."""
+    axis = int(axis) % x.ndim
+    n = math.prod(values.shape)
+    if n:
+        inner = math.prod(x.shape[axis + 1:])
+        _launch(_write_at_kernel, _blocks(n), THREADS, _flat(x), _flat(position), _flat(values),
+                int(x.shape[axis]), int(inner), n)
+    return x
+
+
 # ---------------------------------------------------------------- the table
 
 KERNELS = {
     "reshape": reshape, "permute": permute, "broadcast_to": broadcast_to, "getitem": getitem,
     "getitem_back": getitem_back, "cat": cat, "split": split, "stack": stack,
-    "embedding": embedding, "embedding_back": embedding_back,
+    "embedding": embedding, "embedding_back": embedding_back, "write_at_": write_at_,
 }

@@ -1,5 +1,6 @@
-"""Movement: reshape, permute, broadcast_to, getitem(+back), cat, split, stack, and the
-embedding lookup and its scatter-add."""
+"""Movement: reshape, permute, broadcast_to, getitem(+back), cat, split, stack, the
+embedding lookup and its scatter-add, and the in-place write of one position (a decoding
+cache's)."""
 
 from __future__ import annotations
 
@@ -64,6 +65,16 @@ def embedding_back(num_rows, ids, dy, padding_idx):
     return dw
 
 
+def write_at_(x, position, values, axis):
+    """x[..., position, ...] = values in place (``values`` has x's shape with 1 on ``axis``;
+    ``position`` a 0-d int array, so a plan replays one call for every position); returns x.
+
+    A decoding cache preallocated to the decode length takes each step's keys and values so."""
+    index = (slice(None),) * axis + (int(position),)
+    x[index] = values.reshape(values.shape[:axis] + values.shape[axis + 1:])
+    return x
+
+
 def broadcast_to(x, shape):
     """A C-contiguous array of ``shape``: a read-only view of x when it already is one, else
     a copy.  Assigning into an empty array broadcasts as np.broadcast_to does, without its
@@ -84,5 +95,5 @@ def broadcast_to(x, shape):
 KERNELS = {
     "reshape": reshape, "permute": permute, "getitem": getitem, "getitem_back": getitem_back, "cat": cat,
     "split": split, "stack": stack, "embedding": embedding, "embedding_back": embedding_back,
-    "broadcast_to": broadcast_to,
+    "broadcast_to": broadcast_to, "write_at_": write_at_,
 }

@@ -1,5 +1,6 @@
 """A Transformer's encoder and one cached decoder step as ONNX graphs, traced from the model's
-own code (``Transformer.encode`` and ``Transformer._cached_step``, the greedy decoder's):
+own code (``Transformer.encode``, ``MultiHeadAttention.project_memory`` and
+``Transformer.decoder_step`` on growing ``DecoderCache``s):
 
     encoder   src (B, S) int64 -> memory_key<l>, memory_value<l> (B, H, S, D), per decoder layer
     decoder   tokens (N,) int64, src_mask (N, S) bool, memory_key<l>, memory_value<l>,
@@ -70,8 +71,6 @@ def _position_rows(graph: _Graph, model, start: str, stop: str) -> str:
 
 def encoder_model(model, param_names: dict, metadata: dict):
     """src (B, S) -> the memory's keys and values for every decoder layer's cross-attention."""
-    from ..models.transformer import memory_keys
-
     graph = _Graph(param_names=param_names)
     src = _leaf(np.ones((BATCH, STEPS), dtype=np.int64))
     positions = _leaf(np.zeros((STEPS, model.d_model), dtype=np.float32))
@@ -90,7 +89,7 @@ def encoder_model(model, param_names: dict, metadata: dict):
                       out_infos, metadata)
     outputs = []
     for layer in model.transformer.decoder.layers:
-        outputs += memory_keys(layer.multihead_attn, memory, {})
+        outputs += layer.multihead_attn.project_memory(memory)
     names = graph.emit(outputs, bindings)
     for made, name in zip(names, memory_names(model), strict=True):
         graph.output(made, name)
@@ -100,9 +99,7 @@ def encoder_model(model, param_names: dict, metadata: dict):
 
 
 def decoder_model(model, param_names: dict, metadata: dict):
-    """One decoder step: ``Transformer._cached_step`` on caches that are graph inputs."""
-    from ..models.transformer import MEMORY, SELF
-
+    """One decoder step: ``Transformer.decoder_step`` on caches that are graph inputs."""
     if not model.transformer.decoder.layers:
         return _decoder_without_layers(model, param_names, metadata)
     graph = _Graph(param_names=param_names)
@@ -115,8 +112,7 @@ def decoder_model(model, param_names: dict, metadata: dict):
     def leaves(length):
         return [_leaf(np.zeros(head[:2] + (length,) + head[3:], dtype=np.float32)) for _ in range(2)]
 
-    caches = [{MEMORY: tuple(leaves(STEPS)), SELF: tuple(leaves(PAST))}
-              for _ in model.transformer.decoder.layers]
+    caches = [layer.cache(*leaves(PAST), *leaves(STEPS)) for layer in model.transformer.decoder.layers]
     # The new token's position is the cache's length: T, read from the first cache's shape.
     past = graph.node("Slice", [graph.node("Shape", ["past_key0"]), graph.ints([2]), graph.ints([3])])
     bindings = {id(tokens): graph.node("Unsqueeze", ["tokens", graph.ints([1])]),            # (N, 1)
@@ -124,15 +120,15 @@ def decoder_model(model, param_names: dict, metadata: dict):
                 id(mask): graph.node("Unsqueeze", ["src_mask", graph.ints([1, 2])])}       # (N, 1, 1, S)
     flat_memory, flat_past = [], []
     for cache in caches:
-        flat_memory += cache[MEMORY]
-        flat_past += cache[SELF]
+        flat_memory += [cache.memory_keys, cache.memory_values]
+        flat_past += [cache.keys, cache.values]
     for name, leaf in zip(memory_names(model) + state_names(model), flat_memory + flat_past, strict=True):
         bindings[id(leaf)] = name
     with scope(scopes.DECODER):
-        h = model._cached_step(tokens, 0, None, mask, caches, positions=positions)
+        h, _ = model.decoder_step(tokens, caches, mask, positions=positions)
         logits = model.out(h)                                                       # (N, 1, V)
     attention = _last_cross_attention(model, logits)                                # (N, H, 1, S)
-    outputs = [logits, attention] + [x for cache in caches for x in cache[SELF]]
+    outputs = [logits, attention] + [x for cache in caches for x in (cache.keys, cache.values)]
     made = graph.emit(outputs, bindings)
     step_axis = graph.ints([1])
     graph.output(graph.node("Squeeze", [made[0], step_axis]), "logits")            # (N, V)
@@ -162,7 +158,7 @@ def _decoder_without_layers(model, param_names: dict, metadata: dict):
     bindings = {id(tokens): column,
                 id(positions): _position_rows(graph, model, past, graph.node("Add", [past, graph.ints([1])]))}
     with scope(scopes.DECODER):
-        logits = model.out(model._cached_step(tokens, 0, None, None, [], positions=positions))   # (N, 1, V)
+        logits = model.out(model.decoder_step(tokens, [], positions=positions)[0])        # (N, 1, V)
     (made,) = graph.emit([logits], bindings)
     graph.output(graph.node("Squeeze", [made, step_axis]), "logits")                       # (N, V)
     graph.output(graph.node("Concat", [PAST_TOKENS, column], axis=1), f"{PAST_TOKENS}_next")  # (N, T + 1)

@@ -11,7 +11,9 @@ A model decodes through three methods:
     state = model.decode_select(state, rows)        the rows ``rows`` of a state (a beam's
                                                     survivors, or one source repeated)
 
-``options`` are the model's own (the Transformer's ``use_cache``), passed through.  The
+``options`` are the model's own (the Transformer's ``use_cache`` and ``compile``), passed
+through; a model whose ``decode_start`` takes ``max_steps`` is told the most steps the decode
+takes (the longest row's limit).  The
 log-probabilities are exactly what teacher forcing gives, so a hypothesis' ``log_prob`` is the
 model's log P(Y | X).  Choosing a token is another matter: ``<pad>`` and ``<start>`` are never
 chosen (an output holding them would not decode to its tokens), nor ``<end>`` before
@@ -40,6 +42,7 @@ source's ``n_best`` best finished ones (``_bound`` says why the bound is safe).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -199,7 +202,7 @@ def _one_path(model, src, limits, choose, min_length, ngram, hypotheses, options
     """Greedy decoding or sampling: one output per source, ``choose`` picking each token, row
     b producing at most ``limits[b]`` tokens."""
     batch = src.shape[0]
-    state = model.decode_start(src, **options)
+    state = _start(model, src, limits, options)
     y = np.full(batch, START, dtype=np.int64)
     done = np.zeros(batch, dtype=bool)
     log_prob = np.zeros(batch)
@@ -232,6 +235,14 @@ def _one_path(model, src, limits, choose, min_length, ngram, hypotheses, options
         found.append(Hypothesis(ids[row, :length].tolist(), float(log_prob[row]), float(log_prob[row]),
                                 attention))
     return found
+
+
+def _start(model, src: np.ndarray, limits: np.ndarray, options: dict):
+    """``model.decode_start``, told the most steps the decode will take when it asks
+    (``max_steps``: the Transformer preallocates its key/value caches to that length)."""
+    if "max_steps" in inspect.signature(model.decode_start).parameters:
+        options = {**options, "max_steps": int(limits.max(initial=1))}
+    return model.decode_start(src, **options)
 
 
 def _output_length(row: np.ndarray) -> int:
@@ -344,7 +355,7 @@ class _Beam:
 
     def run(self, options: dict) -> list[list[Hypothesis]]:
         model, batch = self.model, self.src.shape[0]
-        state = model.decode_start(self.src, **options)
+        state = _start(model, self.src, self.limits, options)
         owner = np.arange(batch)                                     # (N,) the source of each row
         tokens = np.zeros((batch, 0), dtype=np.int64)                # (N, t)
         log_prob = np.zeros(batch)                                   # (N,)

@@ -12,8 +12,9 @@ Ids follow ``ta.data``: 0 ``<pad>``, 1 ``<start>``, 2 ``<end>``.
 from __future__ import annotations
 
 import math
+import weakref
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -21,10 +22,9 @@ from .. import functional as F
 from .. import nn, scopes
 from ..arguments import check_flag, check_int
 from ..attention import record as attention_record
-from ..attention import scaled_dot_product
 from ..autograd import ShapeError, scope
-from ..nn.transformer import check_layer_arguments
-from ..tensor import Tensor, cat
+from ..nn.transformer import DecoderCache, check_layer_arguments
+from ..tensor import Tensor
 from . import decoding
 from .seq2seq import PAD, START, _batch_ids, _ids, _size
 from .twin import TorchTwin
@@ -203,7 +203,7 @@ class Transformer(TorchTwin, nn.Module):
     # ------------------------------------------------------------ decoding
 
     def greedy(self, src, max_len: decoding.MaxLen = 50, min_length: int = 0, no_repeat_ngram_size: int = 0,
-               hypotheses: bool = False, use_cache: bool = True):
+               hypotheses: bool = False, use_cache: bool = True, compile: bool = False):  # noqa: A002
         """The most likely token at every step (``Seq2Seq.greedy``'s options and returns).
 
         ``max_len`` (an int, or one per row) is capped by the position table: a row stops
@@ -212,7 +212,10 @@ class Transformer(TorchTwin, nn.Module):
 
         With ``use_cache`` each decoder layer keeps the keys and values of the tokens so far
         (and of the memory, computed once), so a step costs one token's work; without, every
-        step re-runs the decoder on the whole prefix.  The two agree to rounding.
+        step re-runs the decoder on the whole prefix.  The two agree to rounding.  With
+        ``compile`` (and the cache) every step replays one ``ta.compile`` plan, the position
+        an input, captured once per batch size and source width: the same ids, attention and
+        scores as without, bit for bit.
 
         Returns:
             (ids (B, L) int64, each row up to and including ``<end>`` then 0; attention
@@ -222,15 +225,16 @@ class Transformer(TorchTwin, nn.Module):
             n_best=k, average_weights=False)``.
         """
         return decoding.greedy(self, _ids(src, "src", "Transformer", empty=True), max_len, min_length,
-                               no_repeat_ngram_size, hypotheses, use_cache=use_cache)
+                               no_repeat_ngram_size, hypotheses, use_cache=use_cache, compile=compile)
 
     def sample(self, src, max_len: decoding.MaxLen = 50, temperature: float = 1.0, top_k: int = 0,
                top_p: float = 1.0, seed=None, min_length: int = 0, no_repeat_ngram_size: int = 0,
-               hypotheses: bool = False, use_cache: bool = True):
+               hypotheses: bool = False, use_cache: bool = True, compile: bool = False):  # noqa: A002
         """Draw every output token from the model's distribution (``ta.models.decoding.sample``);
-        ``max_len`` and sources as ``greedy``'s; returns what ``greedy`` returns."""
+        ``max_len``, sources and ``compile`` as ``greedy``'s; returns what ``greedy`` returns."""
         return decoding.sample(self, _ids(src, "src", "Transformer", empty=True), max_len, temperature, top_k,
-                               top_p, seed, min_length, no_repeat_ngram_size, hypotheses, use_cache=use_cache)
+                               top_p, seed, min_length, no_repeat_ngram_size, hypotheses, use_cache=use_cache,
+                               compile=compile)
 
     def beam_search(self, src, beam: int = 5, max_len: decoding.MaxLen = 50, length_penalty: float = 1.0,
                     coverage_penalty: float = 0.0, min_length: int = 0, no_repeat_ngram_size: int = 0,
@@ -280,66 +284,169 @@ class Transformer(TorchTwin, nn.Module):
         for row, (_, h) in enumerate(hypotheses):
             h.attention = grid[:, row, :, : len(h.tokens)]                         # (layers, H, |Y|, S)
 
-    def decode_start(self, src: np.ndarray, use_cache: bool = True) -> _State:
-        """``ta.models.decoding``'s protocol: the state of a decode of ``src`` (B, S), with
-        the key/value cache or (``use_cache=False``) re-running the prefix every step."""
-        caches = [{} for _ in self.transformer.decoder.layers]
+    def decode_start(self, src: np.ndarray, use_cache: bool = True, compile: bool = False,  # noqa: A002
+                     max_steps: int | None = None) -> _State:
+        """``ta.models.decoding``'s protocol: the state of a decode of ``src`` (B, S).
+
+        With ``use_cache`` every decoder layer keeps a ``nn.transformer.DecoderCache``: the
+        memory's keys and values, projected once, and its self-attention's keys and values
+        preallocated to ``max_steps`` positions (default and at most the position table's
+        length), each step writing its token's at its position; without, every step re-runs
+        the decoder on the prefix.  ``compile``: each step replays one ``ta.compile`` plan (the
+        embedding of the token and its position, the layers' steps and the output layer),
+        the position an input, so the same plan serves every step of every decode of the same
+        batch size and source width; its results are the eager step's, bit for bit."""
+        if compile and not use_cache:
+            raise ValueError("Transformer.decode_start: compile=True decodes with the cache (use_cache=True)")
         memory, mask = self.encode(src), src != PAD
+        length = self.max_len if max_steps is None else max(1, min(int(max_steps), self.max_len))
+        caches = [layer.start_cache(memory, length) for layer in self.transformer.decoder.layers] \
+            if use_cache else []
+        step = _compiled_step(self) if compile else self._step
         return _State(memory, mask, Tensor(mask[:, None, None, :], device=memory.device), caches,
-                      np.full((src.shape[0], 0), START, dtype=np.int64), use_cache, np.arange(src.shape[0]))
+                      np.full((src.shape[0], 0), START, dtype=np.int64), use_cache, np.arange(src.shape[0]),
+                      step)
 
     def decode_step(self, state: _State, tokens: np.ndarray, t: int):
         """One step from the previous ids (N,): (the model's log-probabilities (N, V) float64,
         the last decoder layer's cross-attention averaged over heads (N, S), the next state)."""
         prefix = np.concatenate([state.prefix, tokens[:, None]], axis=1)          # (N, t + 1)
-        # Only the last layer's cross-attention: the other calls rebuild no weights.  With no
-        # decoder layer nothing attends to the source, and nothing is recorded.
-        last = len(self.transformer.decoder.layers) - 1
-        key = _key(scopes.DECODER, scopes.step(t), scopes.layer(last), scopes.CROSS_ATTENTION)
-        recording = attention_record(only=[key]) if last >= 0 else nullcontext()
-        with scope(scopes.DECODER), scope(scopes.step(t)), recording as weights:
-            if state.use_cache:
-                h = self._cached_step(tokens[:, None], t, state.memory, state.step_mask, state.caches)
-            else:
+        device = state.memory.device
+        if state.use_cache:
+            flat = [x for cache in state.caches for x in cache.tensors()]
+            position = Tensor(np.array(t, dtype=np.int64), device=device)
+            with scope(scopes.DECODER):
+                ids = Tensor(tokens[:, None], device=device)
+                logits, weights = state.step(ids, position, state.step_mask, *flat)
+        else:
+            # Only the last layer's cross-attention: the other calls rebuild no weights.  With no
+            # decoder layer nothing attends to the source, and nothing is recorded.
+            last = len(self.transformer.decoder.layers) - 1
+            key = _key(scopes.DECODER, scopes.step(t), scopes.layer(last), scopes.CROSS_ATTENTION)
+            recording = attention_record(only=[key]) if last >= 0 else nullcontext()
+            with scope(scopes.DECODER), scope(scopes.step(t)), recording as record:
                 h = self.transformer.decoder(self._embed(self.tgt_embed, prefix), state.memory,
                                              memory_key_mask=state.memory_mask, causal=True)[:, -1:]
-            log_probs = decoding.log_softmax(self.out(h).numpy()[:, 0])               # (N, V)
-        attention = None if weights is None else weights[key][:, :, -1].mean(axis=1)    # (N, S)
+                logits = self.out(h)
+            weights = None if record is None else record[key]
+        log_probs = decoding.log_softmax(logits.numpy()[:, 0])                          # (N, V)
+        if weights is not None and not isinstance(weights, np.ndarray):
+            weights = weights.numpy()
+        attention = None if weights is None else weights[:, :, -1].mean(axis=1)        # (N, S)
         return log_probs, attention, _State(state.memory, state.memory_mask, state.step_mask, state.caches,
-                                            prefix, state.use_cache, state.source)
+                                            prefix, state.use_cache, state.source, state.step)
 
     def decode_select(self, state: _State, rows: np.ndarray) -> _State:
         def take(x):
-            return Tensor(x.numpy()[rows], dtype=x.dtype, device=x.device)
+            return None if x is None else Tensor(x.numpy()[rows], dtype=x.dtype, device=x.device)
 
         source = state.source[rows]
         # The memory and its projected keys and values depend on the source only: copied only
         # when the rows' sources change (the first step's fan-out, a finished source leaving).
         same = np.array_equal(source, state.source)
-        caches = [{key: value if key == WEIGHTS or (same and key == MEMORY) else tuple(map(take, value))
-                   for key, value in cache.items()} for cache in state.caches]
+        caches = [replace(cache, keys=take(cache.keys), values=take(cache.values),
+                          **({} if same else {"memory_keys": take(cache.memory_keys),
+                                              "memory_values": take(cache.memory_values)}))
+                  for cache in state.caches]
         if same:
             memory, mask, step_mask = state.memory, state.memory_mask, state.step_mask
         else:
             memory, mask, step_mask = take(state.memory), state.memory_mask[rows], take(state.step_mask)
-        return _State(memory, mask, step_mask, caches, state.prefix[rows], state.use_cache, source)
+        return _State(memory, mask, step_mask, caches, state.prefix[rows], state.use_cache, source,
+                      state.step)
+
+    def decoder_step(self, tokens, caches: list, memory_mask=None, position: Tensor | None = None,
+                     positions: Tensor | None = None, need_weights: bool = False):
+        """The decoder at one position from its input token alone, reading and extending
+        every layer's ``DecoderCache`` (``TransformerDecoderLayer.step``): tokens (N, 1) ->
+        (the decoder's output (N, 1, d_model), the last layer's cross-attention weights
+        (N, H, 1, S) with ``need_weights``, else None).
+
+        ``position``: the token's position, a 0-d int64 Tensor (preallocated caches); or, for
+        growing caches, ``positions`` (1, d_model), the position table's row (the ONNX export
+        passes the row it reads itself).  ``memory_mask`` (N, 1, 1, S): True at real source
+        tokens."""
+        x = self.tgt_embed(tokens) * math.sqrt(self.d_model)
+        x = self.drop(x + (self._position_row(position, x) if positions is None else positions))
+        decoder, weights = self.transformer.decoder, None
+        last = len(decoder.layers) - 1
+        for i, (layer, cache) in enumerate(zip(decoder.layers, caches, strict=True)):
+            with scope(scopes.layer(i)):
+                x, weights = layer.step(x, cache, memory_mask, position, need_weights and i == last)
+        return (x if decoder.norm is None else decoder.norm(x)), weights
+
+    def _step(self, tokens: Tensor, position: Tensor, memory_mask: Tensor, *flat: Tensor):
+        """A cached decode's step as a function of tensors alone (what ``compile`` captures):
+        (logits (N, 1, V), the last layer's cross-attention (N, H, 1, S) or None)."""
+        size = len(fields(DecoderCache))
+        caches = [DecoderCache.from_tensors(flat[k:k + size]) for k in range(0, len(flat), size)]
+        h, weights = self.decoder_step(tokens, caches, memory_mask, position, need_weights=True)
+        return self.out(h), weights
+
+    def _position_row(self, position: Tensor, like: Tensor) -> Tensor:
+        """The position table's row at ``position`` (0-d int64 Tensor), (1, 1, d_model): a
+        gather with the position as its index, so no host slice freezes it into a plan."""
+        index = position.reshape(1, 1)
+        if self.config["positions"] == "learned":
+            return self.position(index)
+        tables = _TABLES.setdefault(self, {})
+        key = (like.dtype, like.device)
+        if key not in tables:
+            tables[key] = Tensor(self._sinusoids, dtype=like.dtype, device=like.device)
+        return F.embedding(index, tables[key])
 
     def _cached_step(self, token: np.ndarray, t: int, memory: Tensor, memory_mask: Tensor, caches: list[dict],
                      positions: Tensor | None = None) -> Tensor:
-        """The decoder's output at position t from its input token alone (B, 1, d_model);
-        ``memory_mask`` (B, 1, 1, S) is True at real source tokens."""
-        x = self._embed(self.tgt_embed, token, start=t, positions=positions)
-        decoder = self.transformer.decoder
-        for i, (layer, cache) in enumerate(zip(decoder.layers, caches, strict=True)):
-            with scope(scopes.layer(i)):
-                x = _layer_step(layer, x, memory, memory_mask, cache)
-        return x if decoder.norm is None else decoder.norm(x)
+        """The decoder's output at position t from its input token alone (B, 1, d_model), with
+        growing caches kept in ``caches`` (one dict per layer, filled at the first step from
+        ``memory``); ``memory_mask`` (B, 1, 1, S) is True at real source tokens.  The step of
+        ``decoder_step``, kept for callers that hold dict caches."""
+        layers = self.transformer.decoder.layers
+        for layer, cache in zip(layers, caches, strict=True):
+            if CACHE not in cache:
+                cache[CACHE] = layer.start_cache(memory)
+        if positions is None:
+            if t + 1 > self.max_len:
+                raise ShapeError(f"Transformer: a sequence of {t + 1} tokens is longer than the position "
+                                 f"table (max_len={self.max_len}); build the model with a larger max_len")
+            positions = self._embed_rows(t, self.out.weight)
+        h, _ = self.decoder_step(Tensor(token, device=self.out.weight.device) if isinstance(token, np.ndarray)
+                                 else token, [cache[CACHE] for cache in caches], memory_mask, None, positions)
+        return h
+
+    def _embed_rows(self, t: int, like: Tensor) -> Tensor:
+        """The position table's row t (1, d_model), read on the host (growing caches only)."""
+        if self.config["positions"] == "learned":
+            return self.position(np.array([t]))
+        return Tensor(self._sinusoids[t:t + 1], dtype=like.dtype, device=like.device)
 
 
-# A decoder layer's cache entries: its self-attention's keys and values so far; its
-# cross-attention's, the memory's (projected once); and the projection weights' slices, per
-# attention (the same for every row).
-SELF, MEMORY, WEIGHTS = "self", "memory", "weights"
+# A dict cache's entry (``_cached_step``): the layer's DecoderCache.
+CACHE = "cache"
+# Per model: the sinusoid table as a Tensor, per (dtype, device) (a constant a plan reads).
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Per model: its compiled decode step (one per model, so plans outlive a decode).
+_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _compiled_step(model: Transformer):
+    step = _COMPILED.get(model)
+    if step is None:
+        from ..compiled import compile as ta_compile
+
+        step = _COMPILED[model] = ta_compile(model._step)
+    return step
+
+
+def memory_keys(mha: nn.MultiHeadAttention, memory: Tensor, cache: dict) -> tuple[Tensor, Tensor]:
+    """A cross-attention's keys and values of the memory (B, H, S, D), projected once into
+    ``cache`` (``MultiHeadAttention.project_memory``)."""
+    if MEMORY not in cache:
+        cache[MEMORY] = mha.project_memory(memory)
+    return cache[MEMORY]
+
+
+MEMORY = "memory"
 
 
 def _key(*scope_names: str) -> str:
@@ -350,9 +457,8 @@ def _key(*scope_names: str) -> str:
 @dataclass
 class _State:
     """A decode of N rows before step t: the memory (N, S, E) and its mask, each decoder
-    layer's cache (its self-attention's keys and values (N, H, t, D) under ``SELF``, the
-    memory's (N, H, S, D) under ``MEMORY``, its attentions' projection weights under
-    ``WEIGHTS``), and the ids fed so far (N, t), ``<start>`` first."""
+    layer's ``DecoderCache``, the ids fed so far (N, t), ``<start>`` first, and the step
+    function (the model's, or its compiled plan)."""
 
     memory: Tensor
     memory_mask: np.ndarray
@@ -361,80 +467,4 @@ class _State:
     prefix: np.ndarray
     use_cache: bool
     source: np.ndarray          # (N,) which source each row decodes
-
-
-def _layer_step(layer: nn.TransformerDecoderLayer, x: Tensor, memory: Tensor | None, memory_mask: Tensor,
-                cache: dict) -> Tensor:
-    """One decoder layer on the newest position only, its self-attention reading the cached
-    keys and values of the earlier positions (which it extends), its cross-attention the
-    memory's (projected once; ``memory`` may be None once they are in the cache)."""
-    def attend_self(h):
-        with scope(scopes.SELF_ATTENTION):
-            return _attend(layer.self_attn, *_self_keys(layer.self_attn, h, cache))
-
-    def attend_memory(h):
-        mha = layer.multihead_attn
-        with scope(scopes.CROSS_ATTENTION):
-            (W_q, _, _), (b_q, _, _) = _projections(mha, cache, MEMORY)
-            keys, values = memory_keys(mha, memory, cache)
-            return _attend(mha, _heads(h, W_q, b_q, mha.num_heads), keys, values, memory_mask)
-
-    x = layer._sublayer(x, layer.norm1, layer.dropout1, attend_self)
-    x = layer._sublayer(x, layer.norm2, layer.dropout2, attend_memory)
-    return layer._sublayer(x, layer.norm3, layer.dropout3, layer._feed_forward)
-
-
-# Decoding runs without a graph, one token at a time, so a step is a few dozen small ops whose
-# dispatch costs more than their arithmetic: self-attention projects the new token's query,
-# key and value in one product with the packed in_proj_weight, and the weights' slices are
-# taken once per decode (kept in the cache), not every step.
-
-def _projections(mha: nn.MultiHeadAttention, cache: dict, key: str):
-    """``mha._projections()``, taken once per decode."""
-    weights = cache.setdefault(WEIGHTS, {})
-    if key not in weights:
-        weights[key] = mha._projections()
-    return weights[key]
-
-
-def _heads(x: Tensor, W: Tensor, b: Tensor | None, num_heads: int) -> Tensor:
-    """x W^T + b split into heads: (B, L, E) -> (B, H, L, E / H)."""
-    (batch, length), E = x.shape[:2], W.shape[0]
-    y = F.linear(x, W, b)
-    if length == 1:             # one token: the heads need no transpose, only a reshape
-        return y.reshape(batch, num_heads, 1, E // num_heads)
-    return y.reshape(batch, length, num_heads, E // num_heads).transpose(1, 2)
-
-
-def memory_keys(mha: nn.MultiHeadAttention, memory: Tensor, cache: dict) -> tuple[Tensor, Tensor]:
-    """A cross-attention's keys and values of the memory (B, H, S, D), projected once per
-    decode and kept in the layer's ``cache`` (the ONNX export's encoder outputs them)."""
-    if MEMORY not in cache:
-        (_, W_k, W_v), (_, b_k, b_v) = _projections(mha, cache, MEMORY)
-        cache[MEMORY] = (_heads(memory, W_k, b_k, mha.num_heads), _heads(memory, W_v, b_v, mha.num_heads))
-    return cache[MEMORY]
-
-
-def _self_keys(mha: nn.MultiHeadAttention, x: Tensor, cache: dict) -> tuple[Tensor, Tensor, Tensor]:
-    """The new token's query (B, H, 1, D), and the keys and values of every token so far
-    (B, H, t + 1, D), its own appended to the cache."""
-    batch, E, H = x.shape[0], mha.embed_dim, mha.num_heads
-    if "in_proj_weight" in mha._parameters:
-        qkv = F.linear(x, mha.in_proj_weight, mha.in_proj_bias)                           # (B, 1, 3E)
-        qkv = qkv.reshape(batch, 3, H, 1, E // H).permute(1, 0, 2, 3, 4)                 # (3, B, H, 1, D)
-        q, k, v = qkv[0], qkv[1], qkv[2]                     # each contiguous, as the kernels read them
-    else:
-        (W_q, W_k, W_v), (b_q, b_k, b_v) = _projections(mha, cache, SELF)
-        q, k, v = _heads(x, W_q, b_q, H), _heads(x, W_k, b_k, H), _heads(x, W_v, b_v, H)
-    if SELF in cache:
-        k, v = cat([cache[SELF][0], k], axis=2), cat([cache[SELF][1], v], axis=2)
-    cache[SELF] = (k, v)
-    return q, k, v
-
-
-def _attend(mha: nn.MultiHeadAttention, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None
-            ) -> Tensor:
-    """The fused attention of one query per row and the output projection: (B, 1, E)."""
-    context, _ = scaled_dot_product(q, k, v, mask=mask, need_weights=False)                 # (B, H, 1, D)
-    # (B, H, 1, D) -> (B, 1, H D): with one query, the heads concatenate by a reshape alone.
-    return F.linear(context.reshape(q.shape[0], 1, mha.embed_dim), mha.out_proj.weight, mha.out_proj.bias)
+    step: object = None

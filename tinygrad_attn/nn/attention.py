@@ -6,9 +6,13 @@ its nodes in the mechanism's scope.  Weights are laid out (out, in) like a Linea
 
 from __future__ import annotations
 
+import math
+
 from .. import attention
+from .. import functional as F
 from ..arguments import check_int, check_number
 from ..autograd import ShapeError
+from ..ops.attention import ScaledDotProduct
 from ..tensor import Tensor, cat
 from . import init
 from .linear import Linear
@@ -201,12 +205,95 @@ class MultiHeadAttention(Module):
             dropout=self.dropout if self.training else 0.0, need_weights=need_weights,
             average_weights=average_weights)
 
+    # ------------------------------------------------------------ decoding a token at a time
+    #
+    # A decode runs without a graph, one token at a time, so a step is a few dozen small ops
+    # whose dispatch costs more than their arithmetic: the memory's keys and values are
+    # projected once per decode, self-attention projects the new token's query, key and value
+    # in one product with the packed in_proj_weight, and one query per row needs no transpose.
+
+    def project_memory(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """The keys and values of ``memory`` (B, S, kdim) split into heads, (B, H, S, D) each:
+        what ``attend`` reads at every step of a decode, projected once."""
+        (_, W_k, W_v), (_, b_k, b_v) = self._projections()
+        return _heads(memory, W_k, b_k, self.num_heads), _heads(memory, W_v, b_v, self.num_heads)
+
+    def query_projection(self) -> tuple[Tensor, Tensor | None]:
+        """(W_q (E, E), b_q (E,) or None): the slices a decode takes once, for ``attend``."""
+        (W_q, _, _), (b_q, _, _) = self._projections()
+        return W_q, b_q
+
+    def attend(self, x: Tensor, W_q: Tensor, b_q: Tensor | None, keys: Tensor, values: Tensor,
+               mask=None, need_weights: bool = False):
+        """One query per row against projected keys and values (cross-attention in a decode):
+        x (B, 1, E), keys (B, H, S, D) -> (output (B, 1, E), weights (B, H, 1, S) or None)."""
+        return self._attend(_heads(x, W_q, b_q, self.num_heads), keys, values, mask, need_weights)
+
+    def step(self, x: Tensor, keys: Tensor, values: Tensor, position: Tensor | None = None,
+             slots: Tensor | None = None):
+        """Self-attention of the newest token x (B, 1, E) over every token so far ->
+        (output (B, 1, E), keys, values).
+
+        Without ``position`` the cache grows: keys and values (B, H, t, D) of the t earlier
+        tokens come back (B, H, t + 1, D), the new token's appended.  With ``position`` (a
+        0-d int64 Tensor, t) they are preallocated buffers (B, H, L, D), L the decode's
+        length: the new token's row is written at t in place (the ``write_at_`` kernel) and
+        the keys at ``slots`` (L,) int64, 0 .. L - 1, past t are masked, all with kernels,
+        so one compiled plan serves every step.  Unwritten rows add exact zeros."""
+        batch, E, H = x.shape[0], self.embed_dim, self.num_heads
+        if "in_proj_weight" in self._parameters:
+            qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)                         # (B, 1, 3E)
+            qkv = qkv.reshape(batch, 3, H, 1, E // H).permute(1, 0, 2, 3, 4)                 # (3, B, H, 1, D)
+            q, k, v = qkv[0], qkv[1], qkv[2]                   # each contiguous, as the kernels read them
+        else:
+            (W_q, W_k, W_v), (b_q, b_k, b_v) = self._projections()
+            q, k, v = _heads(x, W_q, b_q, H), _heads(x, W_k, b_k, H), _heads(x, W_v, b_v, H)
+        if position is None:
+            keys, values = cat([keys, k], axis=2), cat([values, v], axis=2)
+            mask = None
+        else:
+            _write_at(keys, position, k)
+            _write_at(values, position, v)
+            mask = (slots <= position).reshape(1, 1, 1, slots.shape[0])
+        return self._attend(q, keys, values, mask, False)[0], keys, values
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask, need_weights: bool):
+        if need_weights:
+            # The fused node, its kernel writing the weights as it goes (what record() reads),
+            # as scaled_dot_product runs it: the same kernel call, so the same context.
+            inputs = (q, k, v) if mask is None else (q, k, v, mask)
+            with ScaledDotProduct.keeping() as kept:
+                context = ScaledDotProduct.apply(*inputs, scale=1.0 / math.sqrt(k.shape[-1]), causal=False)
+            [op] = kept
+            weights = Tensor._make(op.weights(), context.backend, False)                    # (B, H, 1, S)
+        else:
+            context, _ = attention.scaled_dot_product(q, k, v, mask=mask, need_weights=False)
+            weights = None
+        # (B, H, 1, D) -> (B, 1, H D): with one query, the heads concatenate by a reshape alone.
+        heads = context.reshape(q.shape[0], 1, self.embed_dim)
+        return F.linear(heads, self.out_proj.weight, self.out_proj.bias), weights
+
     def extra_repr(self) -> str:
         text = f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, dropout={self.dropout}, " \
                f"bias={self.in_proj_bias is not None}"
         if (self.kdim, self.vdim) != (self.embed_dim, self.embed_dim):
             text += f", kdim={self.kdim}, vdim={self.vdim}"
         return text
+
+
+def _heads(x: Tensor, W: Tensor, b: Tensor | None, num_heads: int) -> Tensor:
+    """x W^T + b split into heads: (B, L, E) -> (B, H, L, E / H)."""
+    (batch, length), E = x.shape[:2], W.shape[0]
+    y = F.linear(x, W, b)
+    if length == 1:             # one token: the heads need no transpose, only a reshape
+        return y.reshape(batch, num_heads, 1, E // num_heads)
+    return y.reshape(batch, length, num_heads, E // num_heads).transpose(1, 2)
+
+
+def _write_at(cache: Tensor, position: Tensor, rows: Tensor) -> None:
+    """cache[:, :, position] = rows[:, :, 0] in place, by the device's kernel."""
+    cache.backend.write_at_(cache._data, position._data, rows._data, 2)
+    cache._version.count += 1              # a change of values, as any in-place write
 
 
 class GraphAttention(Module):

@@ -18,6 +18,8 @@ normalised x and adds to the un-normalised one: ``x = x + sublayer(norm(x))``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+
 from .. import functional as F
 from .. import scopes
 from ..arguments import check_flag, check_int, check_number
@@ -30,7 +32,7 @@ from .linear import Linear
 from .module import Module, ModuleList
 
 __all__ = ["TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder",
-           "TransformerDecoder", "Transformer"]
+           "TransformerDecoder", "Transformer", "DecoderCache"]
 
 _ACTIVATIONS = ("relu", "gelu")
 
@@ -158,6 +160,91 @@ class TransformerDecoderLayer(_Layer):
         x = self._sublayer(x, self.norm1, self.dropout1, attend_self)
         x = self._sublayer(x, self.norm2, self.dropout2, attend_memory)
         return self._sublayer(x, self.norm3, self.dropout3, self._feed_forward)
+
+
+    # ------------------------------------------------------------ decoding a token at a time
+
+    def cache(self, keys: Tensor, values: Tensor, memory_keys: Tensor, memory_values: Tensor,
+              slots: Tensor | None = None) -> DecoderCache:
+        """A ``DecoderCache`` of these keys and values (``start_cache`` makes them from the
+        memory); ``slots`` (L,) int64 0 .. L - 1 marks preallocated self-attention buffers."""
+        W_q, b_q = self.multihead_attn.query_projection()
+        return DecoderCache(keys, values, memory_keys, memory_values, W_q, b_q, slots)
+
+    def start_cache(self, memory: Tensor, length: int | None = None) -> DecoderCache:
+        """The cache a decode of ``memory`` (B, S, d_model) starts from: the cross-attention's
+        keys and values of the memory, projected once; the self-attention's keys and values
+        preallocated to ``length`` positions (zeros, each written by its step), or, with
+        ``length`` None, empty and growing by one position per step."""
+        memory_keys, memory_values = self.multihead_attn.project_memory(memory)
+        batch, heads, _, depth = memory_keys.shape
+        size = (batch, heads, 0 if length is None else length, depth)
+        keys, values = (Tensor.zeros(*size, dtype=memory.dtype, device=memory.device) for _ in range(2))
+        slots = None if length is None else Tensor.arange(length, dtype="int64", device=memory.device)
+        return self.cache(keys, values, memory_keys, memory_values, slots)
+
+    def step(self, x: Tensor, cache: DecoderCache, memory_mask=None, position: Tensor | None = None,
+             need_weights: bool = False):
+        """The layer on the newest position only: x (B, 1, d_model) -> (B, 1, d_model), and the
+        cross-attention's weights (B, H, 1, S) with ``need_weights`` (else None).
+
+        Self-attention reads the cache's keys and values of the earlier positions and adds the
+        new token's: with ``position`` (a 0-d int64 Tensor, required by a preallocated cache)
+        written in place at that position, else appended (the cache's tensors replaced).
+        ``memory_mask`` broadcasts to (B, H, 1, S), True at the source tokens to attend.
+        Equals ``forward`` on the whole prefix, at its last position, to rounding."""
+        if (cache.slots is None) != (position is None):
+            raise ValueError("TransformerDecoderLayer.step: a preallocated cache (slots) needs the "
+                             "position, and a growing one takes none")
+        found = {}
+
+        def attend_self(h):
+            with scope(scopes.SELF_ATTENTION):
+                out, cache.keys, cache.values = self.self_attn.step(h, cache.keys, cache.values, position,
+                                                                    cache.slots)
+                return out
+
+        def attend_memory(h):
+            with scope(scopes.CROSS_ATTENTION):
+                out, found["weights"] = self.multihead_attn.attend(
+                    h, cache.query_weight, cache.query_bias, cache.memory_keys, cache.memory_values,
+                    memory_mask, need_weights)
+                return out
+
+        x = self._sublayer(x, self.norm1, self.dropout1, attend_self)
+        x = self._sublayer(x, self.norm2, self.dropout2, attend_memory)
+        return self._sublayer(x, self.norm3, self.dropout3, self._feed_forward), found["weights"]
+
+
+@dataclass
+class DecoderCache:
+    """What one ``TransformerDecoderLayer`` keeps across the steps of a decode.
+
+    keys, values: the self-attention's, (B, H, L, D): preallocated to the decode's length L
+        when ``slots`` is set (rows past the current position are not yet written), else the
+        t positions so far.
+    memory_keys, memory_values: the cross-attention's, of the memory, (B, H, S, D).
+    query_weight, query_bias: the cross-attention's query projection (E, E), (E,) or None,
+        sliced once per decode.
+    slots: (L,) int64 0 .. L - 1 for a preallocated cache (the mask of the written positions
+        is computed from it and the position, with kernels), or None.
+    """
+
+    keys: Tensor
+    values: Tensor
+    memory_keys: Tensor
+    memory_values: Tensor
+    query_weight: Tensor
+    query_bias: Tensor | None
+    slots: Tensor | None = None
+
+    def tensors(self) -> tuple:
+        """Its tensors in field order (arguments of a compiled step; ``from_tensors`` inverts)."""
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+    @classmethod
+    def from_tensors(cls, tensors) -> DecoderCache:
+        return cls(*tensors)
 
 
 def _clones(layer: Module, num_layers: int) -> ModuleList:

@@ -1,0 +1,197 @@
+"""Decoding with a preallocated key/value cache, eager and compiled (issue 32, item 5).
+
+The layer step (``TransformerDecoderLayer.step``) on a preallocated cache is held against the
+layer's own ``forward`` on the whole prefix and against the growing cache; compiled greedy
+decoding and sampling against eager decoding of the same model, bit for bit; the cache write
+kernel against numpy's assignment.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tinygrad_attn as ta
+from tinygrad_attn.compiler import get_backend
+from tinygrad_attn.models.transformer import _COMPILED
+
+
+def model(dtype: str = "float32", norm_first: bool = False, positions: str = "sinusoidal",
+          layers: int = 2, seed: int = 0):
+    ta.manual_seed(seed)
+    m = ta.models.Transformer(20, 22, d_model=16, nhead=4, num_encoder_layers=2, num_decoder_layers=layers,
+                              dim_feedforward=32, dropout=0.1, norm_first=norm_first, positions=positions,
+                              max_len=40)
+    return m.double() if dtype == "float64" else m
+
+
+def sources(batch: int, width: int, seed: int) -> np.ndarray:
+    """Right-padded ids, one row shortened, the last row empty (all padding)."""
+    src = np.random.default_rng(seed).integers(3, 20, size=(batch, width))
+    src[min(1, batch - 1), width // 2:] = 0
+    src[-1] = 0
+    return src
+
+
+# ---------------------------------------------------------------- the kernel
+
+
+@settings(max_examples=30, deadline=None)
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=4).map(tuple), data=st.data())
+def test_write_at_writes_one_position_in_place_on_every_host_device(shape, data):
+    axis = data.draw(st.integers(0, len(shape) - 1))
+    position = data.draw(st.integers(0, shape[axis] - 1))
+    rng = np.random.default_rng(len(shape) * 7 + axis)
+    x = rng.normal(size=shape)
+    rows = rng.normal(size=shape[:axis] + (1,) + shape[axis + 1:])
+    want = x.copy()
+    np.moveaxis(want, axis, 0)[position] = np.moveaxis(rows, axis, 0)[0]
+    for device in ("numpy", "cpu"):
+        got = x.copy()
+        out = get_backend(device).write_at_(got, np.array(position, dtype=np.int64), rows, axis)
+        assert out is got                              # in place: the kernel returns its target
+        np.testing.assert_array_equal(got, want)
+
+
+# ---------------------------------------------------------------- the layer step
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_layer_step_on_a_preallocated_cache_equals_forward_on_the_prefix_and_the_growing_cache(norm_first):
+    layer = ta.nn.TransformerDecoderLayer(16, 4, 32, dropout=0.0, norm_first=norm_first).double()
+    layer.eval()
+    rng = np.random.default_rng(3)
+    x = ta.Tensor(rng.normal(size=(3, 6, 16)), dtype="float64")
+    memory = ta.Tensor(rng.normal(size=(3, 5, 16)), dtype="float64")
+    real = np.ones((3, 5), dtype=bool)
+    real[1, 3:] = False
+    with ta.no_grad():
+        full = layer(x, memory, memory_key_mask=real, causal=True).numpy()               # (3, 6, 16)
+        static, growing = layer.start_cache(memory, 8), layer.start_cache(memory)
+        mask = ta.Tensor(real[:, None, None, :])
+        for t in range(6):
+            position = ta.Tensor(np.array(t, dtype=np.int64))
+            a, weights = layer.step(x[:, t:t + 1], static, mask, position, need_weights=True)
+            b, _ = layer.step(x[:, t:t + 1], growing, mask)
+            np.testing.assert_allclose(a.numpy()[:, 0], full[:, t], rtol=1e-12, atol=1e-12)
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
+            w = weights.numpy()                                                            # (3, H, 1, S)
+            np.testing.assert_allclose(w.sum(axis=-1), 1.0, rtol=1e-12)
+            assert not w[1, :, :, 3:].any()                                                # padding: weight 0
+        # The buffers hold the six positions written, zeros after; the growing cache the same six.
+        np.testing.assert_array_equal(static.keys.numpy()[:, :, :6], growing.keys.numpy())
+        assert not static.keys.numpy()[:, :, 6:].any()
+    with pytest.raises(ValueError, match="position"):
+        layer.step(x[:, :1], static, mask)
+
+
+# ---------------------------------------------------------------- eager against the uncached decoder
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_cached_greedy_scores_equal_the_uncached_decoder_in_float64(norm_first):
+    m = model("float64", norm_first)
+    src = sources(5, 7, 1)
+    cached = m.greedy(src, max_len=10, hypotheses=True)
+    uncached = m.greedy(src, max_len=10, hypotheses=True, use_cache=False)
+    for a, b in zip(cached, uncached, strict=True):
+        assert a.tokens == b.tokens
+        assert a.log_prob == pytest.approx(b.log_prob, abs=1e-12)
+        np.testing.assert_allclose(a.attention, b.attention, rtol=1e-12, atol=1e-12)
+
+
+def test_the_preallocated_length_does_not_change_the_decode():
+    m = model("float64")
+    src = sources(4, 6, 2)
+    m.eval()
+    with ta.no_grad():
+        short, long = m.decode_start(src, max_steps=9), m.decode_start(src)             # 9 and 40 positions
+        assert short.caches[0].keys.shape[2] == 9 and long.caches[0].keys.shape[2] == 40
+        tokens = np.full(4, 1, dtype=np.int64)
+        for t in range(9):
+            a, att_a, short = m.decode_step(short, tokens, t)
+            b, att_b, long = m.decode_step(long, tokens, t)
+            np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(att_a, att_b, rtol=1e-12, atol=1e-12)
+            tokens = a.argmax(axis=1)
+
+
+# ---------------------------------------------------------------- compiled against eager
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(("norm_first", "positions"), [(False, "sinusoidal"), (True, "learned")])
+def test_compiled_greedy_equals_eager_bit_for_bit_with_one_plan(dtype, norm_first, positions):
+    m = model(dtype, norm_first, positions)
+    for batch, width, seed in [(5, 7, 1), (5, 7, 4), (3, 4, 5)]:
+        src = sources(batch, width, seed)
+        eager = m.greedy(src, max_len=12, hypotheses=True)
+        compiled = m.greedy(src, max_len=12, hypotheses=True, compile=True)
+        for a, b in zip(eager, compiled, strict=True):
+            assert a.tokens == b.tokens
+            assert a.log_prob == b.log_prob
+            np.testing.assert_array_equal(a.attention, b.attention)
+    stats = _COMPILED[m].stats
+    # One plan per batch size and source width: (5, 7) twice, (3, 4) once; every other step replays.
+    assert stats.plans == 2 and stats.captures == 2 and stats.eager_calls == 0
+    assert stats.replays > 20
+
+
+def test_compiled_greedy_options_and_a_changed_model():
+    m = model()
+    src = sources(4, 6, 7)
+    options = dict(max_len=[12, 3, 8, 12], min_length=2, no_repeat_ngram_size=2)
+    eager = m.greedy(src, **options)
+    compiled = m.greedy(src, **options, compile=True)
+    for a, b in zip(eager, compiled, strict=True):
+        np.testing.assert_array_equal(a, b)
+    # New weights loaded: the plan's guard on the parameters' arrays captures again.
+    other = model(seed=5)
+    m.load_state_dict(other.state_dict())
+    again = m.greedy(src, **options, compile=True)
+    fresh = other.greedy(src, **options)
+    for a, b in zip(again, fresh, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert _COMPILED[m].stats.captures == 2
+
+
+def test_compiled_sampling_equals_eager_with_the_same_seed():
+    m = model()
+    src = sources(5, 7, 8)
+    eager = m.sample(src, max_len=10, top_k=5, seed=3, hypotheses=True)
+    compiled = m.sample(src, max_len=10, top_k=5, seed=3, hypotheses=True, compile=True)
+    for a, b in zip(eager, compiled, strict=True):
+        assert a.tokens == b.tokens and a.log_prob == b.log_prob
+
+
+def test_compiled_decoding_without_decoder_layers_and_its_refusals():
+    m = model(layers=0)
+    src = sources(3, 5, 9)
+    eager, _ = m.greedy(src, max_len=6)
+    compiled, attention = m.greedy(src, max_len=6, compile=True)
+    np.testing.assert_array_equal(eager, compiled)
+    assert attention is None
+    with pytest.raises(ValueError, match="use_cache"):
+        m.greedy(src, compile=True, use_cache=False)
+
+
+def test_cuda_compiled_greedy_equals_eager_on_the_device():
+    from tinygrad_attn.compiler import available_devices
+
+    if "cuda" not in available_devices():
+        pytest.skip("no CUDA GPU here and NUMBA_ENABLE_CUDASIM is not set")
+    ta.manual_seed(0)
+    m = ta.models.Transformer(12, 12, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                              dim_feedforward=8, max_len=10)
+    src = np.array([[4, 5, 6], [7, 8, 0]])
+    host = m.greedy(src, max_len=4, hypotheses=True)
+    m.to("cuda")
+    eager = m.greedy(src, max_len=4, hypotheses=True)
+    compiled = m.greedy(src, max_len=4, hypotheses=True, compile=True)
+    for a, b, c in zip(host, eager, compiled, strict=True):
+        assert a.tokens == b.tokens == c.tokens
+        assert b.log_prob == pytest.approx(a.log_prob, rel=1e-5)          # the device's float32 rounding
+        assert c.log_prob == b.log_prob
+        np.testing.assert_array_equal(b.attention, c.attention)
