@@ -12,18 +12,24 @@
                     4 heads, 2+2 layers, feed-forward 512, batch 32, lengths 20, Adam), in ms;
                     skipped with a note when the capture refuses the model's step.
 
+The training steps also time ``torch.compile`` (Inductor on CPU) of the torch twin's loss, its
+backward compiled through AOTAutograd, Adam eager (``inductor``): a contender, not a target.
+Its compile (the first call) is reported apart from the per-step time; where Inductor fails,
+one line says why and the bench goes on without it (``--no-inductor`` leaves it out).
+
 Each compiled step is first checked against an eager twin (three steps from the same weights:
 the parameters must agree bitwise, as nothing is fused yet) and its capture is timed.
 Contenders alternate within each repeat; ratios are of medians from the same run (absolute
 times drift by 25-40% between runs on shared machines).
 
 Run:  .venv/bin/python bench/compiled.py [--repeats 7] [--budget 0.2] [--threads 1|2]
-          [--only tiny|mlp|layer|transformer]
+          [--only tiny|mlp|layer|transformer] [--no-inductor]
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import statistics
 import sys
 import time
@@ -51,6 +57,8 @@ def report(times: dict) -> None:
         line = f"  {name:<10} {value:9.2f}   (repeats {spread})"
         ratios = [f"{med[name] / med[other]:.2f}x {other}" for other in ("eager", "torch")
                   if other in med and other != name and name != "torch"]
+        if name == "compiled" and "inductor" in med:
+            ratios.append(f"{med[name] / med['inductor']:.2f}x inductor")
         if ratios:
             line += "   takes " + ", ".join(ratios)
         print(line)
@@ -161,6 +169,53 @@ def _torch_step(model, loss_of, inputs):
     return step
 
 
+def _inductor_step(make_twin, loss_of, inputs):
+    """torch.compile (Inductor, CPU) of a fresh torch twin's loss: the forward and, through
+    AOTAutograd, the backward compiled; zero_grad and Adam's update stay eager, as the
+    tutorials train a compiled model.  Returns (step, seconds of the first call: the compile,
+    the first step's loss against the eager twin's) or (None, why, None) when it fails here."""
+    try:
+        twin = make_twin()
+        optimizer = torch.optim.Adam(twin.parameters(), lr=1e-3)
+        with torch.no_grad():
+            want = float(loss_of(twin, *inputs))
+        compiled_loss = torch.compile(lambda *xs: loss_of(twin, *xs))
+
+        def step():
+            optimizer.zero_grad()
+            loss = compiled_loss(*inputs)
+            loss.backward()
+            optimizer.step()
+            return loss
+
+        # Graph breaks are counted and reported in one line, not logged at length.
+        torch._logging.set_logs(dynamo=logging.ERROR)
+        torch._dynamo.utils.counters["graph_break"].clear()
+        t0 = time.perf_counter()
+        got = float(step().detach())
+        seconds = time.perf_counter() - t0
+        step()              # a second call: any recompile (the gradients now exist) is paid here
+        return step, seconds, (got, want)
+    except Exception as error:  # noqa: BLE001 - any failure of Inductor here is reported, not fatal
+        text = str(error).strip().splitlines()
+        return None, f"{type(error).__name__}: {text[0] if text else ''}"[:200], None
+
+
+def _add_inductor(args, contenders: dict, make_twin, loss_of, inputs) -> None:
+    if torch is None or args.no_inductor:
+        return
+    step, seconds, losses = _inductor_step(make_twin, loss_of, inputs)
+    if step is None:
+        print(f"  torch.compile: failed here, left out ({seconds})")
+        return
+    got, want = losses
+    breaks = torch._dynamo.utils.counters["graph_break"]
+    why = f": {next(iter(breaks)).splitlines()[0][:100]}" if breaks else ""
+    print(f"  torch.compile (Inductor): first call {seconds:.1f} s (the compile); its first loss "
+          f"{got:.6f} against torch eager's {want:.6f}; {sum(breaks.values())} graph breaks{why}")
+    contenders["inductor"] = step
+
+
 def _bench_module(args, title, make, make_torch, loss_of, torch_loss_of, arrays) -> None:
     print(f"{title}:")
     models = twins(make)
@@ -170,7 +225,16 @@ def _bench_module(args, title, make, make_torch, loss_of, torch_loss_of, arrays)
     if torch is not None:
         twin = make_torch()
         twin.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in models[1].state_dict().items()})
-        contenders["torch"] = _torch_step(twin, torch_loss_of, tuple(torch.from_numpy(a) for a in arrays))
+        torch_inputs = tuple(torch.from_numpy(a) for a in arrays)
+        contenders["torch"] = _torch_step(twin, torch_loss_of, torch_inputs)
+        state = {k: torch.from_numpy(v.copy()) for k, v in models[1].state_dict().items()}
+
+        def make_twin():
+            other = make_torch()
+            other.load_state_dict(state)
+            return other
+
+        _add_inductor(args, contenders, make_twin, torch_loss_of, torch_inputs)
     report(run_alternating(contenders, args.repeats, args.budget))
 
 
@@ -217,8 +281,9 @@ def bench_transformer(args) -> None:
     contenders = {"eager": lambda: eager(*inputs), "compiled": lambda: compiled(*inputs)}
     if torch is not None:
         twin = models[1].to_torch()
-        contenders["torch"] = _torch_step(twin, lambda m, *ids: m.loss(*ids),
-                                          tuple(torch.from_numpy(a) for a in arrays))
+        torch_inputs = tuple(torch.from_numpy(a) for a in arrays)
+        contenders["torch"] = _torch_step(twin, lambda m, *ids: m.loss(*ids), torch_inputs)
+        _add_inductor(args, contenders, models[1].to_torch, lambda m, *ids: m.loss(*ids), torch_inputs)
     report(run_alternating(contenders, args.repeats, args.budget))
 
 
@@ -228,6 +293,8 @@ def main(argv=None) -> None:
     parser.add_argument("--budget", type=float, default=0.2, help="seconds per measurement")
     parser.add_argument("--threads", type=int, default=None, help="pin every thread pool to N")
     parser.add_argument("--only", choices=["tiny", "mlp", "layer", "transformer"], default=None)
+    parser.add_argument("--no-inductor", action="store_true",
+                        help="leave out torch.compile (its compile takes seconds to minutes a step)")
     args = parser.parse_args(argv)
     if args.threads:
         set_threads(args.threads, torch)

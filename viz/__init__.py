@@ -1,12 +1,14 @@
 """Pictures of the engine's recorded graphs (installed as ``tinygrad_attn.viz``).
 
 Reads only the records each op leaves on its output (``tensor.node``: op name, attributes,
-inputs, scope); nothing in the engine imports this package.
+inputs, scope), or a compiled plan's source; nothing in the engine imports this package.
 
     >>> from tinygrad_attn import viz
     >>> print(viz.summary(loss))      # the graph as text, grouped by scope
     >>> viz.graph(loss)               # a graphviz.Digraph: displays as SVG in Jupyter
     >>> viz.render(loss, "loss.svg")  # or .png/.pdf (needs Graphviz's dot), .dot (source)
+    >>> viz.graph(step)               # a ta.compile'd step's plan: its kernel calls, fused ones
+    ...                               # labelled with their formula
     >>> print(viz.format_attention(weights, list("3 may"), list("05-03")))   # as text
 
 Loading this package also makes Jupyter show a tensor that has a graph as its picture

@@ -80,6 +80,10 @@ def graph(tensor, collapse=None, backward: bool = False, values: bool = False,
 
     Args:
         tensor: any Tensor; its recorded graph (``tensor.node`` and the nodes behind it) is drawn.
+            Or a compiled plan (a ``ta.compile``d function: its latest plan; or one of its
+            ``.plans``): its kernel calls are drawn, a fused kernel as one node labelled with
+            its formula, in the same scope boxes (plan.py; ``collapse`` by scope names and
+            ``rankdir`` apply).
         collapse: how much to fold away, so a long unroll stays readable:
 
             * ``None``: draw every op.
@@ -119,8 +123,17 @@ def graph(tensor, collapse=None, backward: bool = False, values: bool = False,
         >>> ta.viz.render(loss, "loss.svg", collapse="steps")
     """
     if not isinstance(tensor, Tensor):
-        raise TypeError(f"graph(): expected a Tensor (the result whose graph to draw), got "
-                        f"{type(tensor).__name__}")
+        from .plan import plan_graph, plan_of
+
+        plan = plan_of(tensor)
+        if plan is None:
+            raise TypeError(f"graph(): expected a Tensor (the result whose graph to draw) or a compiled "
+                            f"plan (a ta.compile'd function, or one of its .plans), got "
+                            f"{type(tensor).__name__}")
+        if backward or values or attention_edges:
+            raise TypeError("graph(): backward, values and attention_edges draw a tensor's graph; a plan "
+                            "is drawn as its kernel calls (collapse and rankdir apply)")
+        return plan_graph(plan, collapse, rankdir)
     return _drawing(tensor, collapse, backward, values, attention_edges, rankdir).digraph()
 
 
@@ -148,8 +161,8 @@ def render(tensor_or_digraph, path, **graph_options) -> Path:
     """Write a tensor's graph (or a Digraph) to ``path``, in the format its suffix names.
 
     Args:
-        tensor_or_digraph: a Tensor (drawn with ``graph(tensor, **graph_options)``) or a
-            ``graphviz.Digraph`` (drawn as it is).
+        tensor_or_digraph: a Tensor or a compiled plan (drawn with ``graph(it, **graph_options)``)
+            or a ``graphviz.Digraph`` (drawn as it is).
         path: where to write: ``.svg``, ``.png``, ``.pdf``, or ``.dot`` / ``.gv`` for the DOT
             source (which needs no Graphviz program).  Only this one file is written: the
             picture goes to a temporary file beside it, then replaces ``path``.
@@ -181,6 +194,8 @@ def render(tensor_or_digraph, path, **graph_options) -> Path:
             raise TypeError(f"render(): options {sorted(graph_options)} apply when drawing a tensor, "
                             f"not to a ready Digraph; pass them to ta.viz.graph instead")
         digraph = tensor_or_digraph
+    elif not isinstance(tensor_or_digraph, Tensor):
+        digraph = graph(tensor_or_digraph, **graph_options)     # a plan (or graph's TypeError)
     else:
         if fmt != "dot" and graph_options.get("collapse") is None and \
                 len(nodes(tensor_or_digraph)) > RENDER_MAX_NODES:

@@ -1,0 +1,356 @@
+"""Compiled plans as Graphviz pictures: one node per kernel call, boxed by the scope it ran in.
+
+``ta.viz.graph(step)`` (a ``ta.compile``d function: its latest plan) or
+``ta.viz.graph(step.plans[0])`` draws the plan as ``step.source`` reads: each kernel call
+of the generated function is a node, each array it reads an edge from the call that made it
+(or from the plan's argument, or from the parameter the plan binds by identity).  A fused
+kernel (``build_plan(..., fuse=True)``) is one node labelled with the chain it replaced and
+its formula, ``x0*x1 + x0``, its edges with the leaf each array is (``x0``).
+
+The plan's comments (``# forward Linear encoder/layer0/feed_forward``, what the engine was
+doing when it recorded the call) give each call its phase and scope, so calls sit in the
+same encoder/decoder/attention boxes as the ops of the engine's graphs (graph.py), forward
+and backward of a scope in one box: white the forward calls, lilac the backward ones, green
+what follows backward (the optimizer's updates), orange the fused kernels.  The picture is
+read from the source, so it is the plan that replays, after fusion and the peepholes; a call
+made between two ops (a scalar made for the next op) sits under the comment above it, as a
+reader of the source would place it.
+
+Node ids: ``k<n>`` for the n-th kernel call (1-based, as the header's count), ``a_<name>``
+for the plan's arguments, ``e_<name>`` for the arrays bound by identity, ``return``.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+from dataclasses import dataclass, field
+
+from tinygrad_attn.compiled import Compiled
+from tinygrad_attn.compiler import formulas as _formulas
+from tinygrad_attn.compiler import fuse as _fuse
+from tinygrad_attn.compiler.compose import composed_formulas
+from tinygrad_attn.compiler.plan import Plan
+
+from .graph import (
+    _CLUSTER_FILL,
+    _FONT,
+    _INPUT_FILL,
+    _PARAM_EDGE,
+    _PARAM_FILL,
+    Drawing,
+    _Cluster,
+    _Drawing,
+    _outermost_match,
+    _parse_collapse,
+    _scope_kind,
+    _wrap,
+)
+
+__all__ = ["plan_of", "plan_graph"]
+
+_FORWARD_FILL = "white"
+_BACKWARD_FILL = "#ece6f5"
+_UPDATE_FILL = "#e2f0d9"
+_FUSED_FILL = "#ffd9a8"
+_FUSED_PEN = "#c77c1e"
+_FUSED = re.compile(r"(?:\w+?_)?(fused_[0-9a-f]{12})")
+# A fused formula longer than this is cut, so one node cannot stretch the picture.
+_FORMULA_CHARS = 240
+
+
+def plan_of(what) -> Plan | None:
+    """The plan ``what`` stands for: a compiler Plan itself, a compiled function's latest
+    plan (``step.source``'s); None for anything else."""
+    if isinstance(what, Plan):
+        return what
+    if isinstance(what, Compiled):
+        plans = what.plans
+        if not plans:
+            raise ValueError(f"graph(): {what.fn.__qualname__} is compiled but has no plan yet; call it "
+                             f"once (the first call captures the plan), then draw it")
+        return plans[-1]
+    return None
+
+
+@dataclass
+class _Call:
+    """One kernel call of the plan's source."""
+
+    number: int                     # its place among the calls, 1-based
+    line: int                       # its line in the source
+    text: str
+    kernel: str
+    phase: str
+    op: str
+    scope: str
+    reads: list = field(default_factory=list)        # (name read, leaf index or None)
+    params: list = field(default_factory=list)       # literal arguments after a fused kernel's leaves
+    targets: list = field(default_factory=list)      # the names it assigns
+
+
+def _tag(comment: str) -> tuple[str, str, str]:
+    """"forward Linear encoder/layer0" -> (phase, op, scope); a fused call's op is two words."""
+    words = comment.split()
+    phase = words[0] if words else ""
+    count = 2 if len(words) > 1 and words[1] == "fused" else 1
+    return phase, " ".join(words[1:1 + count]), " ".join(words[1 + count:])
+
+
+def _names(node: ast.AST) -> list[str]:
+    return [n.id for n in ast.walk(node) if isinstance(n, ast.Name)]
+
+
+def _parse(plan: Plan):
+    """(argument names, calls, returned names, view aliases) read from the plan's source."""
+    tree = ast.parse(plan.source)
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef))
+    arguments = [a.arg for a in fn.args.args]
+    comments: dict[int, str] = {}
+    for number, line in enumerate(plan.source.splitlines(), start=1):
+        stripped = line.strip()
+        if stripped.startswith("# ") and line.startswith("    "):
+            comments[number] = stripped[2:]
+    lines = plan.source.splitlines()
+    calls: list[_Call] = []
+    aliases: dict[str, str] = {}                 # a view's name -> the name it was made from
+    returned: list[str] = []
+    comment = ""
+    for statement in fn.body:
+        for number in range(statement.lineno - 1, 0, -1):       # the nearest comment above
+            if number in comments:
+                comment = comments[number]
+                break
+            if not lines[number - 1].startswith("    ") or number < fn.lineno:
+                break
+        if isinstance(statement, ast.Return):
+            returned = _names(statement.value) if statement.value is not None else []
+            continue
+        value = statement.value if isinstance(statement, (ast.Assign, ast.Expr)) else None
+        if not isinstance(value, ast.Call) or not isinstance(value.func, ast.Name):
+            continue                                             # del
+        targets = _names(statement.targets[0]) if isinstance(statement, ast.Assign) else []
+        if value.func.id == "rebuild_view":
+            aliases[targets[0]] = _names(value.args[0])[0]
+            continue
+        phase, op, scope = _tag(comment)
+        call = _Call(len(calls) + 1, statement.lineno, lines[statement.lineno - 1].strip(), value.func.id,
+                     phase, op, scope)
+        fused = _FUSED.fullmatch(call.kernel)
+        leaves = _leaf_count(fused.group(1)) if fused else None
+        for position, argument in enumerate(value.args):
+            if leaves is not None and position >= leaves:
+                try:
+                    call.params.append(ast.literal_eval(argument))
+                except ValueError:
+                    call.params.append(None)
+                continue
+            for name in _names(argument):
+                call.reads.append((name, position if leaves is not None else None))
+        for keyword in value.keywords:
+            call.reads += [(name, None) for name in _names(keyword.value)]
+        call.targets = [t for t in targets if t != "_"]
+        calls.append(call)
+    return arguments, calls, returned, aliases
+
+
+def _formula_of(kernel_name: str):
+    chain = _fuse.CHAINS.get(kernel_name)
+    if chain is not None:
+        return chain.formula
+    return next((f for f in composed_formulas() if f.name == kernel_name), None)
+
+
+def _leaf_count(kernel_name: str) -> int | None:
+    formula = _formula_of(kernel_name)
+    return len(formula.inputs) if formula is not None else None
+
+
+@functools.lru_cache(maxsize=512)
+def _formula_text(kernel_name: str, params: tuple) -> str | None:
+    """A fused kernel's formula over its leaves x0, x1, ..., its parameters replaced by the
+    values the call passes: ``x0*x1 + x0``."""
+    import sympy as sp
+
+    formula = _formula_of(kernel_name)
+    if formula is None:
+        return None
+    expression = sp.sympify(_formulas.plan(formula).forward.expression)
+    values = {name: value for name, value in zip(formula.params, params, strict=False)
+              if type(value) in (int, float)}
+    if values:
+        # Integral values as integers (2*x0, not 2.0*x0), others to 5 digits: a label, not a check.
+        numbers = {name: sp.Integer(int(v)) if float(v).is_integer() else sp.Float(v, 5)
+                   for name, v in values.items()}
+        expression = expression.xreplace({s: numbers[s.name] for s in expression.free_symbols
+                                          if s.name in numbers})
+    text = sp.sstr(expression)
+    return text if len(text) <= _FORMULA_CHARS else text[:_FORMULA_CHARS - 1] + "…"
+
+
+def _members(kernel_name: str, op: str) -> str:
+    chain = _fuse.CHAINS.get(kernel_name)
+    if chain is not None:
+        return " → ".join(m.kernel_name for m in chain.members)
+    return op.removeprefix("fused ").replace("+", " → ")
+
+
+def _break(text: str, width: int) -> str:
+    """A formula in lines of about ``width`` characters, broken after a top-level operator."""
+    lines, line = [], ""
+    for part in re.split(r"(?<= [+\-]) ", text):
+        if line and len(line) + len(part) > width:
+            lines.append(line)
+            line = part
+        else:
+            line += (" " if line and not line.endswith(" ") else "") + part
+    lines.append(line)
+    return "\\n".join(lines)
+
+
+class _PlanDrawing:
+    """One drawing of a plan: nodes for calls, arguments and bound arrays; boxes by scope."""
+
+    # The scope tree is laid out as the engine's graphs lay theirs (graph.py).
+    _place = _Drawing._place
+    _write_cluster = _Drawing._write_cluster
+    _write_nodes = staticmethod(_Drawing._write_nodes)
+
+    def __init__(self, plan: Plan, patterns: tuple, rankdir: str):
+        self.plan, self.rankdir = plan, rankdir
+        self.arguments, self.calls, self.returned, self.aliases = _parse(plan)
+        bound = {id(a) for a in plan.externals.values()}
+        self.externals = {name for name, value in plan.namespace.items() if id(value) in bound}
+        self.rep: dict[str, str] = {f"k{c.number}": f"k{c.number}" for c in self.calls}
+        self.boxes: dict[str, tuple[str, list]] = {}          # box node -> (its scope, kernels)
+        if patterns:
+            boxes: dict[str, str] = {}                       # scope -> its box node
+            for call in self.calls:
+                scope = _outermost_match(call.scope, patterns) if call.scope else None
+                if scope is not None:
+                    name = boxes.setdefault(scope, f"box{len(boxes)}")
+                    self.boxes.setdefault(name, (scope, []))[1].append(call.kernel)
+                    self.rep[f"k{call.number}"] = name
+
+    def _source(self, name: str, producer: dict) -> str | None:
+        """The node an array name comes from: the call that made it, the argument, the bound
+        array; None for a constant of the plan (a dtype, a shape), which is not drawn."""
+        while name in self.aliases and name not in producer:
+            name = self.aliases[name]
+        if name in producer:
+            return producer[name]
+        if name in self.arguments:
+            return f"a_{name}"
+        if name in self.externals:
+            return f"e_{name}"
+        return None
+
+    def _call_node(self, call: _Call) -> tuple[str, dict]:
+        fused = _FUSED.fullmatch(call.kernel)
+        attrs = {"shape": "box", "style": "rounded,filled", "fontsize": "10",
+                 "tooltip": f"{self.plan.filename} line {call.line}: {call.text}"
+                            + (f"  ({call.phase} {call.op})" if call.op else "")}
+        if fused:
+            formula = _formula_text(fused.group(1), tuple(call.params))
+            lines = [_members(fused.group(1), call.op)]
+            if formula is not None:
+                lines.append("= " + _break(formula, 36))
+            attrs.update(fillcolor=_FUSED_FILL, color=_FUSED_PEN, penwidth="1.5")
+            return "\\n".join(lines), attrs
+        fill = {"forward": _FORWARD_FILL, "backward": _BACKWARD_FILL}.get(call.phase, _UPDATE_FILL)
+        attrs["fillcolor"] = fill
+        return call.kernel, attrs
+
+    def digraph(self) -> Drawing:
+        g = Drawing(name=self.plan.name, strict=False)
+        g.attr(rankdir=self.rankdir, fontname=_FONT, nodesep="0.2", ranksep="0.3", newrank="true",
+               nslimit="2", label=f"{self.plan.name}: {self.plan.calls} kernel calls", labelloc="t")
+        g.attr("node", fontname=_FONT, height="0.3", margin="0.08,0.03")
+        g.attr("edge", fontname=_FONT, fontsize="8", arrowsize="0.6")
+        tree = {"": _Cluster()}
+        statements: dict[str, tuple[str, dict]] = {}
+        producer: dict[str, str] = {}
+        edges: dict[tuple[str, str], set] = {}
+        first_use: dict[str, str] = {}
+        for call in self.calls:
+            node = self.rep[f"k{call.number}"]
+            for name, leaf in call.reads:
+                source = self._source(name, producer)
+                if source is None or source == node:
+                    continue
+                first_use.setdefault(source, node)
+                edges.setdefault((source, node), set()).add(leaf)
+            if node.startswith("k"):
+                statements[node] = self._call_node(call)
+                self._place(tree, call.scope, node, call.number)
+            for name in call.targets:
+                producer[name] = node
+            # An in-place kernel's first argument now holds its result (adam_ on a parameter).
+            if call.kernel.endswith("_") and call.reads and not call.targets:
+                producer.setdefault(call.reads[0][0], node)
+        for name, (scope, kernels) in self.boxes.items():
+            counts = {k: kernels.count(k) for k in dict.fromkeys(kernels)}
+            listed = ", ".join(f"{k} ×{n}" if n > 1 else k for k, n in counts.items())
+            label = f"{scope.rsplit('/', 1)[-1]}\\n{len(kernels)} kernel calls: {_wrap(listed, 28)}"
+            statements[name] = (label, {"shape": "box3d", "style": "filled", "margin": "0.12,0.08",
+                                        "fontsize": "10", "fillcolor": _CLUSTER_FILL[_scope_kind(scope)]})
+            parent = scope.rsplit("/", 1)[0] if "/" in scope else ""
+            first = min(c.number for c in self.calls if self.rep[f"k{c.number}"] == name)
+            self._place(tree, parent, name, first)
+        for source in dict.fromkeys(s for s, _ in edges):
+            if source.startswith("a_"):
+                statements[source] = (source[2:], {"shape": "ellipse", "style": "filled",
+                                                   "fillcolor": _INPUT_FILL, "fontsize": "10"})
+            elif source.startswith("e_"):
+                statements[source] = self._external_node(source[2:])
+            else:
+                continue
+            tree[""].items.append(source)
+        self._write_cluster(g, tree, "", statements)
+        for (source, target), leaves in edges.items():
+            attrs = {}
+            if source.startswith("e_"):
+                # Bound arrays feed forward and the update at the end: only the edge to the first
+                # use pulls on the layout, as a weight's edges do in the engine's graphs.
+                attrs.update(color=_PARAM_EDGE, penwidth="0.7",
+                             weight="1" if first_use[source] == target else "0")
+            marks = sorted(f"x{leaf}" for leaf in leaves if leaf is not None)
+            if marks:
+                attrs["label"] = ",".join(marks)
+            g.edge(source, target, **attrs)
+        returned = {self._source(name, producer) for name in self.returned} - {None}
+        if returned:
+            g.node("return", f"return ({len(self.returned)})", shape="plaintext", fontsize="10")
+            for source in sorted(returned, key=lambda s: (len(s), s)):
+                g.edge(source, "return", style="dashed", color="#888888")
+        g.nodes = len(statements) + bool(returned)
+        g.edges = sum(" -> " in line for line in g.body)
+        g.boxes = sum(line.lstrip().startswith("subgraph ") for line in g.body)
+        return g
+
+    def _external_node(self, name: str) -> tuple[str, dict]:
+        value = self.plan.namespace.get(name)
+        shape = getattr(value, "shape", None)
+        label = name.removeprefix("p_") + ("" if shape is None else f"\\n{tuple(shape)}")
+        if name.startswith("p_"):           # a parameter, by the name the engine gave it
+            return label, {"shape": "box", "style": "filled", "fillcolor": _PARAM_FILL, "color": "#4a6fa5",
+                           "fontsize": "10"}
+        return label, {"shape": "box", "style": "filled", "fillcolor": "#eeeeee", "color": "#bbbbbb",
+                       "fontcolor": "#555555", "fontsize": "8", "height": "0.2", "margin": "0.04,0.02"}
+
+    @staticmethod
+    def _write_rows(g) -> None:
+        """The engine's drawing orders rows of inputs here; a plan's arguments need no order."""
+
+
+def plan_graph(plan: Plan, collapse=None, rankdir: str = "TB") -> Drawing:
+    """The picture of ``plan`` (see the module's docstring); ``collapse``: scope names or
+    patterns whose calls are drawn as one box each (as ``graph``'s), ``rankdir`` as there."""
+    if rankdir not in ("TB", "LR", "BT", "RL"):
+        raise ValueError(f"graph(): rankdir must be 'TB', 'LR', 'BT' or 'RL', got {rankdir!r}")
+    keep_steps, patterns = _parse_collapse(collapse)
+    if keep_steps is not None:
+        raise ValueError(f"graph(): a plan has no unrolled steps to keep; collapse a plan by scope names "
+                         f"(collapse='attention', '*/*'), got {collapse!r}")
+    return _PlanDrawing(plan, patterns, rankdir).digraph()
