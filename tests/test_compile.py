@@ -512,3 +512,31 @@ def test_compile_parameters_of_the_same_name_get_distinct_names():
         step(_tensor(rng.standard_normal((2, 3)), "cpu"))
     _assert_same(got, _grads(params))
     assert compiled.stats.replays == 1
+
+
+def test_compile_trailing_var_positional_takes_the_fast_path(monkeypatch):
+    """A function ending in *args (the Transformer's decode step: its caches) replays from the
+    arguments alone, without binding the signature; each arity keys its own plans, and a
+    different count or shape of the trailing tensors is never served another's plan."""
+    def f(a, scale, *rest):
+        out = a * scale
+        for r in rest:
+            out = out if r is None else out + r
+        return out.sum()
+
+    step = ta.compile(ta.no_grad()(f))
+    binds = []
+    original = step._arguments
+    monkeypatch.setattr(step, "_arguments", lambda *a: binds.append(1) or original(*a))
+    rng = np.random.default_rng(0)
+    for arity in (0, 1, 2, 1, 0, 2):
+        a, scale = rng.standard_normal(4), rng.standard_normal(1)
+        rest = [rng.standard_normal(4) for _ in range(arity)]
+        got = step(ta.Tensor(a), ta.Tensor(scale), *map(ta.Tensor, rest)).item()
+        want = f(ta.Tensor(a), ta.Tensor(scale), *map(ta.Tensor, rest)).item()
+        assert got == want
+    assert (step.stats.captures, step.stats.replays) == (3, 3)
+    assert len(binds) == 3                               # only the captures bound the signature
+    wide = step(ta.Tensor(np.ones(5)), ta.Tensor(np.ones(1)), ta.Tensor(np.ones(5))).item()
+    assert wide == 10.0 and step.stats.captures == 4     # another shape among *rest: a new plan
+    assert step(ta.Tensor(np.ones(4)), ta.Tensor(np.ones(1)), None).item() == 4.0   # None in *rest

@@ -195,3 +195,108 @@ def test_cuda_compiled_greedy_equals_eager_on_the_device():
         assert b.log_prob == pytest.approx(a.log_prob, rel=1e-5)          # the device's float32 rounding
         assert c.log_prob == b.log_prob
         np.testing.assert_array_equal(b.attention, c.attention)
+
+
+# ---------------------------------------------------------------- beam search at a fixed row count
+
+
+@settings(max_examples=25, deadline=None)
+@given(shape=st.lists(st.integers(0, 4), min_size=1, max_size=3).map(tuple),
+       picks=st.lists(st.integers(0, 5), min_size=1, max_size=9))
+def test_take_rows_is_numpy_fancy_indexing_on_every_host_device(shape, picks):
+    from tinygrad_attn.models.transformer import _take_rows
+
+    x = np.random.default_rng(len(picks)).normal(size=(6,) + shape)
+    rows = np.array(picks, dtype=np.int64)
+    for device in ("numpy", "cpu"):
+        got = _take_rows(ta.Tensor(x, dtype="float64", device=device), ta.Tensor(rows, device=device))
+        np.testing.assert_array_equal(got.numpy(), x[rows])
+
+
+def test_beam_state_keeps_b_times_beam_rows_at_every_step():
+    m = model()
+    src = sources(3, 5, 6)
+    m.eval()
+    with ta.no_grad():
+        state = m.decode_start(src, max_steps=6, max_rows=6)
+        assert state.caches[0].keys.shape[0] == 6 and state.step_mask.shape[0] == 6
+        log_probs, attention, state = m.decode_step(state, np.full(3, 1, dtype=np.int64), 0)
+        assert log_probs.shape == (3, 22) and attention.shape == (3, 5)       # the live rows only
+        state = m.decode_select(state, np.array([2, 0]))                      # 2 live rows of 6
+        assert state.caches[1].memory_keys.shape[0] == 6 and list(state.source[:2]) == [2, 0]
+        log_probs, attention, _ = m.decode_step(state, np.array([4, 5]), 1)
+        assert log_probs.shape == (2, 22)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_cached_beam_search_equals_the_uncached_decoder_in_float64(norm_first):
+    """The padded rows change nothing: the n-best of the cached search (B * beam rows a step)
+    are the uncached decoder's (the live rows only, the whole prefix re-run)."""
+    m = model("float64", norm_first)
+    src = sources(4, 6, 3)
+    options = dict(beam=3, max_len=9, n_best=3, length_penalty=0.6, coverage_penalty=0.2)
+    cached = m.beam_search(src, **options)
+    uncached = m.beam_search(src, **options, use_cache=False)
+    for a_best, b_best in zip(cached, uncached, strict=True):
+        assert len(a_best) == len(b_best)
+        for a, b in zip(a_best, b_best, strict=True):
+            assert a.tokens == b.tokens
+            assert a.score == pytest.approx(b.score, abs=1e-11)
+            np.testing.assert_allclose(a.attention, b.attention, rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(("norm_first", "positions"), [(False, "sinusoidal"), (True, "learned")])
+def test_compiled_beam_search_equals_eager_bit_for_bit_with_one_plan(dtype, norm_first, positions):
+    m = model(dtype, norm_first, positions)
+    for seed, options in [(1, dict(beam=3, max_len=12, n_best=3)),
+                          (2, dict(beam=3, max_len=[12, 4, 9, 12, 6], n_best=2, length_penalty=0.0,
+                                   coverage_penalty=0.3, min_length=2, no_repeat_ngram_size=2))]:
+        src = sources(5, 7, seed)
+        eager = m.beam_search(src, **options)
+        compiled = m.beam_search(src, **options, compile=True)
+        for a_best, b_best in zip(eager, compiled, strict=True):
+            assert len(a_best) == len(b_best)
+            for a, b in zip(a_best, b_best, strict=True):
+                assert a.tokens == b.tokens and a.score == b.score and a.log_prob == b.log_prob
+                np.testing.assert_array_equal(a.attention, b.attention)
+    ids, attention = m.beam_search(src, beam=2, max_len=8)
+    ids_c, attention_c = m.beam_search(src, beam=2, max_len=8, compile=True)
+    np.testing.assert_array_equal(ids, ids_c)
+    np.testing.assert_array_equal(attention, attention_c)
+    stats = _COMPILED[m].stats
+    # One plan per row count and source width: 5 x 3 rows twice, 5 x 2 once.
+    assert stats.plans == 2 and stats.eager_calls == 0 and stats.replays > 20
+
+
+def test_compiled_beam_search_every_head_and_without_decoder_layers():
+    m = model()
+    src = sources(3, 5, 10)
+    eager = m.beam_search(src, beam=2, max_len=7, n_best=2, average_weights=False)
+    compiled = m.beam_search(src, beam=2, max_len=7, n_best=2, average_weights=False, compile=True)
+    for a_best, b_best in zip(eager, compiled, strict=True):
+        for a, b in zip(a_best, b_best, strict=True):
+            assert a.tokens == b.tokens and a.score == b.score
+            assert a.attention.shape == (2, 4, len(a.tokens), 5)
+            np.testing.assert_array_equal(a.attention, b.attention)
+    flat = model(layers=0)
+    ids, attention = flat.beam_search(src, beam=2, max_len=6, compile=True)
+    np.testing.assert_array_equal(ids, flat.beam_search(src, beam=2, max_len=6)[0])
+    assert attention is None
+
+
+def test_cuda_compiled_beam_search_equals_eager_on_the_device():
+    from tinygrad_attn.compiler import available_devices
+
+    if "cuda" not in available_devices():
+        pytest.skip("no CUDA GPU here and NUMBA_ENABLE_CUDASIM is not set")
+    ta.manual_seed(0)
+    m = ta.models.Transformer(12, 12, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                              dim_feedforward=8, max_len=10).to("cuda")
+    src = np.array([[4, 5, 6], [7, 8, 0]])
+    eager = m.beam_search(src, beam=2, max_len=4, n_best=2)
+    compiled = m.beam_search(src, beam=2, max_len=4, n_best=2, compile=True)
+    for a_best, b_best in zip(eager, compiled, strict=True):
+        for a, b in zip(a_best, b_best, strict=True):
+            assert a.tokens == b.tokens and a.score == b.score
+            np.testing.assert_array_equal(a.attention, b.attention)

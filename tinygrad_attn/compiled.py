@@ -366,9 +366,16 @@ class Compiled:
         # The fast path: a call with exactly the positional parameters finds its plans by a
         # key made from the arguments alone (no signature binding): key -> (the positions of
         # the tensor arguments, or None when all are, the plans list shared with _plans).
+        # A trailing *args takes part too (the Transformer's decode step passes its caches so):
+        # the key then holds one entry per argument, so each arity keys its own plans.
         positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        simple = all(p.kind in positional for p in parameters.values())
-        self._positional = len(parameters) if simple else -1
+        kinds = [p.kind for p in parameters.values()]
+        variadic = bool(kinds) and kinds[-1] is inspect.Parameter.VAR_POSITIONAL
+        fixed = len(kinds) - variadic
+        simple = all(kind in positional for kind in kinds[:fixed]) and not (
+            variadic and (list(parameters)[-1] in self._static or fixed in self._static))
+        self._positional = fixed if simple else -1
+        self._variadic = variadic and simple
         self._static_positions = frozenset(k for k, name in enumerate(parameters)
                                            if name in self._static or k in self._static)
         self._fast: dict[tuple, tuple] = {}
@@ -387,7 +394,7 @@ class Compiled:
     def _fast_key(self, args: tuple):
         """The plans' key from positional arguments, or None where the full binding is
         needed (another arity, arrays to convert into Tensors, errors to raise)."""
-        if len(args) != self._positional:
+        if len(args) != self._positional and not (self._variadic and len(args) > self._positional):
             return None
         key = []
         statics = self._static_positions

@@ -104,6 +104,23 @@ def beam_options(args) -> dict:
     return dict(beam=args.beam, length_penalty=1.0 if args.length_penalty is None else args.length_penalty)
 
 
+def add_compile(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--compile", action="store_true",
+                        help="replay every decoding step as a compiled plan (ta.compile; a Transformer "
+                             "checkpoint): the same outputs, faster")
+
+
+def compile_options(args, model) -> dict:
+    """``--compile`` as a keyword argument of the decoders, refused for a model whose decoding
+    does not compile (a usage error, before any work)."""
+    if not args.compile:
+        return {}
+    if not isinstance(model, ta.models.Transformer):
+        raise UsageError(f"--compile decodes a Transformer checkpoint; this one holds a "
+                         f"{type(model).__name__}, which decodes eagerly (leave --compile out)")
+    return {"compile": True}
+
+
 # More threads than cores only makes them wait for each other.
 MAX_THREADS = os.cpu_count() or 1
 thread_count = number_type(int, lambda v: 1 <= v <= MAX_THREADS,

@@ -14,9 +14,11 @@ from .common import (
     EXIT_OK,
     UsageError,
     add_beam,
+    add_compile,
     add_threads,
     beam_options,
     check_length,
+    compile_options,
     inputs_of,
     load_checkpoint,
     model_errors,
@@ -42,6 +44,7 @@ def add_parser(commands) -> None:
     evaluate.add_argument("--data", default=None, metavar="TSV",
                           help="source<TAB>target pairs (default: the test split of the run's own data)")
     add_beam(evaluate)
+    add_compile(evaluate)
     evaluate.add_argument("--max-len", type=positive_int, default=None, metavar="N",
                           help="tokens to produce at most (default: twice the source's length + 10)")
     evaluate.add_argument("--batch-size", type=positive_int, default=256, help="sources decoded at once")
@@ -68,7 +71,7 @@ def run(args) -> int:
     for number, (source, _) in enumerate(pairs, start=1):
         check_length(source, model, f"the source of pair {number} of {where}")
     set_threads(args.threads)
-    decoding = beam_options(args)
+    decoding = beam_options(args) | compile_options(args, model)
     with model_errors():
         metrics, rows = ta.models.evaluate(model, pairs, info.src_vocab, info.tgt_vocab,
                                            batch_size=args.batch_size, max_len=args.max_len, **decoding,

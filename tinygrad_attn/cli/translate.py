@@ -14,9 +14,11 @@ from .common import (
     EXIT_OK,
     UsageError,
     add_beam,
+    add_compile,
     add_threads,
     beam_options,
     check_source,
+    compile_options,
     load_checkpoint,
     model_errors,
     positive_int,
@@ -39,6 +41,7 @@ def add_parser(commands) -> None:
     translate.add_argument("checkpoint", metavar="CHECKPOINT", help="a file written by 'tinygrad-attn train'")
     translate.add_argument("texts", metavar="TEXT", nargs="+", help="what to translate (quote it), or -")
     add_beam(translate)
+    add_compile(translate)
     translate.add_argument("--n-best", type=positive_int, default=None, metavar="N",
                            help="print the N best hypotheses with their scores (needs --beam K, K >= N; "
                                 "with '-': N lines per input line, each the output, a tab and its score)")
@@ -54,7 +57,7 @@ def add_parser(commands) -> None:
 def run(args) -> int:
     model, info = load_checkpoint(args.checkpoint)
     set_threads(args.threads)
-    decoding = beam_options(args)
+    decoding = beam_options(args) | compile_options(args, model)
     if args.n_best is not None and (args.beam is None or args.n_best > args.beam):
         beam = "no --beam" if args.beam is None else f"--beam {args.beam}"
         raise UsageError(f"--n-best {args.n_best} needs --beam K with K >= {args.n_best}, got {beam}")

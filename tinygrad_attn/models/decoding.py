@@ -237,11 +237,16 @@ def _one_path(model, src, limits, choose, min_length, ngram, hypotheses, options
     return found
 
 
-def _start(model, src: np.ndarray, limits: np.ndarray, options: dict):
+def _start(model, src: np.ndarray, limits: np.ndarray, options: dict, rows: int | None = None):
     """``model.decode_start``, told the most steps the decode will take when it asks
-    (``max_steps``: the Transformer preallocates its key/value caches to that length)."""
-    if "max_steps" in inspect.signature(model.decode_start).parameters:
+    (``max_steps``: the Transformer preallocates its key/value caches to that length) and, for
+    beam search, the most rows a step holds (``max_rows``: B * beam, the Transformer keeps that
+    many at every step so that one compiled plan serves them all)."""
+    parameters = inspect.signature(model.decode_start).parameters
+    if "max_steps" in parameters:
         options = {**options, "max_steps": int(limits.max(initial=1))}
+    if rows is not None and "max_rows" in parameters:
+        options = {**options, "max_rows": int(rows)}
     return model.decode_start(src, **options)
 
 
@@ -355,7 +360,7 @@ class _Beam:
 
     def run(self, options: dict) -> list[list[Hypothesis]]:
         model, batch = self.model, self.src.shape[0]
-        state = _start(model, self.src, self.limits, options)
+        state = _start(model, self.src, self.limits, options, batch * self.beam)
         owner = np.arange(batch)                                     # (N,) the source of each row
         tokens = np.zeros((batch, 0), dtype=np.int64)                # (N, t)
         log_prob = np.zeros(batch)                                   # (N,)

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 
 import numpy as np
@@ -25,7 +26,8 @@ __all__ = ["evaluate", "decode", "translate", "translate_tokens", "validation_lo
 
 def translate_tokens(model: Model, sources: Sequence, src_vocab: data.Vocab, tgt_vocab: data.Vocab,
                      max_len: int | None = None, beam: int | None = None, batch_size: int = 256,
-                     n_best: int | None = None, length_penalty: float = 1.0) -> list:
+                     n_best: int | None = None, length_penalty: float = 1.0,
+                     compile: bool = False) -> list:  # noqa: A002
     """Decode token lists: returns one (output tokens, attention (L, S) or None) per source,
     in the order given, the attention cut to the output's tokens (its ``<end>`` included)
     and the source's; with ``n_best``, per source a list of (output tokens, ``Hypothesis``)
@@ -47,13 +49,15 @@ def translate_tokens(model: Model, sources: Sequence, src_vocab: data.Vocab, tgt
             table).  beam: beam width (None: greedy).
         n_best: the hypotheses to return per source (needs ``beam`` >= ``n_best``).
         length_penalty: Wu et al.'s alpha for beam search.
+        compile: every decoding step replays a ``ta.compile`` plan (the model's ``greedy`` and
+            ``beam_search`` with ``compile=True``): the same outputs, bit for bit.
     """
     return _translate(model, sources, src_vocab, tgt_vocab, max_len, beam, batch_size, n_best, length_penalty,
-                      "translate_tokens")
+                      "translate_tokens", compile)
 
 
 def _translate(model, sources, src_vocab, tgt_vocab, max_len, beam, batch_size, n_best, length_penalty,
-               where: str) -> list:
+               where: str, compile: bool = False) -> list:  # noqa: A002
     """``translate_tokens``, its errors naming ``where`` (the public function called)."""
     if batch_size < 1:
         raise ValueError(f"{where}: batch_size must be >= 1, got {batch_size}")
@@ -61,6 +65,10 @@ def _translate(model, sources, src_vocab, tgt_vocab, max_len, beam, batch_size, 
         raise ValueError(f"{where}: n_best={n_best} needs a beam of at least {n_best}, got beam={beam}")
     lengths = [len(source) for source in sources]
     check_source_lengths(model, lengths, where)
+    if compile and "compile" not in inspect.signature(model.greedy).parameters:
+        raise ValueError(f"{where}: compile=True needs a model whose decoding compiles (a Transformer); "
+                         f"{type(model).__name__} decodes eagerly")
+    compiled = {"compile": True} if compile else {}
     order = sorted(range(len(sources)), key=lambda index: lengths[index])
     results: list = [None] * len(sources)
     for begin in range(0, len(order), batch_size):
@@ -71,7 +79,7 @@ def _translate(model, sources, src_vocab, tgt_vocab, max_len, beam, batch_size, 
         limit = max_len if max_len is not None else default_max_len(np.array([lengths[i] for i in chunk]))
         if n_best is not None:
             found = model.beam_search(src, beam=beam, max_len=limit, length_penalty=length_penalty,
-                                      n_best=n_best)
+                                      n_best=n_best, **compiled)
             for index, source, hypotheses in zip(chunk, chunk_sources, found, strict=True):
                 for hypothesis in hypotheses:
                     if hypothesis.attention is not None:
@@ -79,9 +87,10 @@ def _translate(model, sources, src_vocab, tgt_vocab, max_len, beam, batch_size, 
                 results[index] = [(tgt_vocab.decode(h.tokens), h) for h in hypotheses]
             continue
         if beam is None:
-            ids, weights = model.greedy(src, max_len=limit)
+            ids, weights = model.greedy(src, max_len=limit, **compiled)
         else:
-            ids, weights = model.beam_search(src, beam=beam, max_len=limit, length_penalty=length_penalty)
+            ids, weights = model.beam_search(src, beam=beam, max_len=limit, length_penalty=length_penalty,
+                                             **compiled)
         for row, (index, source) in enumerate(zip(chunk, chunk_sources, strict=True)):
             tokens = tgt_vocab.decode(ids[row])
             produced = len(tokens) + (1 if data.END in ids[row] else 0)
@@ -92,20 +101,22 @@ def _translate(model, sources, src_vocab, tgt_vocab, max_len, beam, batch_size, 
 
 def decode(model: Model, sources: Sequence, src_vocab: data.Vocab, tgt_vocab: data.Vocab,
            max_len: int | None = None, beam: int | None = None, batch_size: int = 256,
-           length_penalty: float = 1.0) -> list[list[str]]:
+           length_penalty: float = 1.0, compile: bool = False) -> list[list[str]]:  # noqa: A002
     """The output tokens for each source (``translate_tokens`` without the attention)."""
-    return _decode(model, sources, src_vocab, tgt_vocab, max_len, beam, batch_size, length_penalty, "decode")
+    return _decode(model, sources, src_vocab, tgt_vocab, max_len, beam, batch_size, length_penalty, "decode",
+                   compile)
 
 
-def _decode(model, sources, src_vocab, tgt_vocab, max_len, beam, batch_size, length_penalty, where: str):
+def _decode(model, sources, src_vocab, tgt_vocab, max_len, beam, batch_size, length_penalty, where: str,
+            compile: bool = False):  # noqa: A002
     found = _translate(model, sources, src_vocab, tgt_vocab, max_len, beam, batch_size, None, length_penalty,
-                       where)
+                       where, compile)
     return [tokens for tokens, _ in found]
 
 
 def evaluate(model: Model, pairs: Sequence, src_vocab: data.Vocab, tgt_vocab: data.Vocab,
              batch_size: int = 256, max_len: int | None = None, beam: int | None = None,
-             return_outputs: bool = False, length_penalty: float = 1.0):
+             return_outputs: bool = False, length_penalty: float = 1.0, compile: bool = False):  # noqa: A002
     """Decode every distinct source of ``pairs`` (greedy, or beam search with ``beam`` and Wu
     et al.'s ``length_penalty`` alpha) and score the outputs against the source's targets with
     ``ta.metrics.score``.
@@ -114,7 +125,8 @@ def evaluate(model: Model, pairs: Sequence, src_vocab: data.Vocab, tgt_vocab: da
     scored against all its targets: it is right if it matches any of them.  Decoding is
     ``translate_tokens``': each source's own limit (so the scores do not depend on
     ``batch_size``), a source too long for the model refused before any decoding, an empty
-    source decoded like any other.
+    source decoded like any other; ``compile`` replays compiled decoding steps (the same
+    outputs and scores).
 
     Returns:
         ``{"n": distinct sources, "exact_match", "token_error_rate", "bleu", "chrf"}``, plus
@@ -126,7 +138,7 @@ def evaluate(model: Model, pairs: Sequence, src_vocab: data.Vocab, tgt_vocab: da
     grouped = _references(pairs)
     sources = [source for source, _ in grouped]
     outputs = _decode(model, sources, src_vocab, tgt_vocab, max_len, beam, batch_size, length_penalty,
-                      "evaluate")
+                      "evaluate", compile)
     refs = [targets if len(targets) > 1 else targets[0] for _, targets in grouped]
     scores = metrics.score(outputs, refs)
     if not return_outputs:
@@ -178,13 +190,14 @@ def validation_loss(model: Model, pairs: Sequence, src_vocab: data.Vocab, tgt_vo
     return total / tokens
 
 
-def translate(model: Model, text: str, task_like, max_len: int | None = None, beam: int | None = None):
+def translate(model: Model, text: str, task_like, max_len: int | None = None, beam: int | None = None,
+              compile: bool = False):  # noqa: A002
     """Translate one string: returns (output text, source tokens, output tokens, attention
     (output tokens + <end>, source tokens) or None).  ``task_like`` gives ``tokenize``,
     ``detokenize`` and the vocabularies (a Task or a Checkpoint).  As ``translate_tokens``: a
     text too long for the model is refused before decoding, and a text with no tokens decodes
-    as an empty source."""
+    as an empty source.  ``compile``: as ``translate_tokens``'."""
     source = task_like.tokenize(text)
     [(tokens, attention)] = _translate(model, [source], task_like.src_vocab, task_like.tgt_vocab, max_len,
-                                       beam, 256, None, 1.0, "translate")
+                                       beam, 256, None, 1.0, "translate", compile)
     return task_like.detokenize(tokens), source, tokens, attention

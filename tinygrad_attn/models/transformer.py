@@ -238,9 +238,16 @@ class Transformer(TorchTwin, nn.Module):
 
     def beam_search(self, src, beam: int = 5, max_len: decoding.MaxLen = 50, length_penalty: float = 1.0,
                     coverage_penalty: float = 0.0, min_length: int = 0, no_repeat_ngram_size: int = 0,
-                    n_best: int | None = None, use_cache: bool = True, average_weights: bool = True):
+                    n_best: int | None = None, use_cache: bool = True, average_weights: bool = True,
+                    compile: bool = False):  # noqa: A002
         """Batched beam search as ``Seq2Seq.beam_search`` (``ta.models.decoding.beam_search``);
         the coverage penalty reads the attention ``greedy`` returns.
+
+        With the cache the decode keeps B * beam rows at every step, whatever the number of
+        live hypotheses (a finished one's row is carried as padding, its output dropped), and
+        picks the survivors with a row gather on the device, the rows an index Tensor; so with
+        ``compile`` one plan serves every step, and ids, scores, n-best and attention are
+        eager's, bit for bit.
 
         With ``n_best`` and ``average_weights=False``, each hypothesis' attention is every
         decoder layer's cross-attention, every head: (layers, H, len(tokens), S), what
@@ -261,7 +268,7 @@ class Transformer(TorchTwin, nn.Module):
             raise ValueError("beam_search: average_weights=False gives each hypothesis every layer and "
                              "head, so it needs n_best")
         found = decoding.beam_search(self, src, beam, max_len, length_penalty, coverage_penalty, min_length,
-                                     no_repeat_ngram_size, n_best, use_cache=use_cache)
+                                     no_repeat_ngram_size, n_best, use_cache=use_cache, compile=compile)
         if not average_weights and self.attention_kind is not None:
             self._every_head(src, found)
         return found
@@ -285,7 +292,7 @@ class Transformer(TorchTwin, nn.Module):
             h.attention = grid[:, row, :, : len(h.tokens)]                         # (layers, H, |Y|, S)
 
     def decode_start(self, src: np.ndarray, use_cache: bool = True, compile: bool = False,  # noqa: A002
-                     max_steps: int | None = None) -> _State:
+                     max_steps: int | None = None, max_rows: int | None = None) -> _State:
         """``ta.models.decoding``'s protocol: the state of a decode of ``src`` (B, S).
 
         With ``use_cache`` every decoder layer keeps a ``nn.transformer.DecoderCache``: the
@@ -295,7 +302,11 @@ class Transformer(TorchTwin, nn.Module):
         the decoder on the prefix.  ``compile``: each step replays one ``ta.compile`` plan (the
         embedding of the token and its position, the layers' steps and the output layer),
         the position an input, so the same plan serves every step of every decode of the same
-        batch size and source width; its results are the eager step's, bit for bit."""
+        batch size and source width; its results are the eager step's, bit for bit.
+
+        ``max_rows`` (beam search: B * beam): with the cache, the state keeps that many rows
+        from the start, whatever ``decode_select`` keeps (rows past the live ones are padding,
+        copies of row 0, whose outputs are dropped), so every step has one shape."""
         if compile and not use_cache:
             raise ValueError("Transformer.decode_start: compile=True decodes with the cache (use_cache=True)")
         memory, mask = self.encode(src), src != PAD
@@ -303,18 +314,25 @@ class Transformer(TorchTwin, nn.Module):
         caches = [layer.start_cache(memory, length) for layer in self.transformer.decoder.layers] \
             if use_cache else []
         step = _compiled_step(self) if compile else self._step
-        return _State(memory, mask, Tensor(mask[:, None, None, :], device=memory.device), caches,
-                      np.full((src.shape[0], 0), START, dtype=np.int64), use_cache, np.arange(src.shape[0]),
-                      step)
+        batch = src.shape[0]
+        state = _State(memory, mask, Tensor(mask[:, None, None, :], device=memory.device), caches,
+                       np.full((batch, 0), START, dtype=np.int64), use_cache, np.arange(batch), step)
+        if use_cache and max_rows is not None and int(max_rows) > batch:
+            state.capacity = batch                           # what the select below gathers from
+            state = self.decode_select(state, np.arange(batch), capacity=int(max_rows))
+        return state
 
     def decode_step(self, state: _State, tokens: np.ndarray, t: int):
         """One step from the previous ids (N,): (the model's log-probabilities (N, V) float64,
         the last decoder layer's cross-attention averaged over heads (N, S), the next state)."""
         prefix = np.concatenate([state.prefix, tokens[:, None]], axis=1)          # (N, t + 1)
         device = state.memory.device
+        count = len(tokens)
         if state.use_cache:
             flat = [x for cache in state.caches for x in cache.tensors()]
             position = Tensor(np.array(t, dtype=np.int64), device=device)
+            if state.capacity is not None and state.capacity > count:      # the padding rows' token
+                tokens = np.concatenate([tokens, np.full(state.capacity - count, PAD, dtype=np.int64)])
             with scope(scopes.DECODER):
                 ids = Tensor(tokens[:, None], device=device)
                 logits, weights = state.step(ids, position, state.step_mask, *flat)
@@ -329,18 +347,26 @@ class Transformer(TorchTwin, nn.Module):
                                              memory_key_mask=state.memory_mask, causal=True)[:, -1:]
                 logits = self.out(h)
             weights = None if record is None else record[key]
-        log_probs = decoding.log_softmax(logits.numpy()[:, 0])                          # (N, V)
+        log_probs = decoding.log_softmax(logits.numpy()[:count, 0])                     # (N, V)
         if weights is not None and not isinstance(weights, np.ndarray):
             weights = weights.numpy()
-        attention = None if weights is None else weights[:, :, -1].mean(axis=1)        # (N, S)
-        return log_probs, attention, _State(state.memory, state.memory_mask, state.step_mask, state.caches,
-                                            prefix, state.use_cache, state.source, state.step)
+        attention = None if weights is None else weights[:count, :, -1].mean(axis=1)   # (N, S)
+        return log_probs, attention, replace(state, prefix=prefix)
 
-    def decode_select(self, state: _State, rows: np.ndarray) -> _State:
+    def decode_select(self, state: _State, rows: np.ndarray, capacity: int | None = None) -> _State:
+        """The rows ``rows`` of a state, gathered on the device (``_take_rows``).  A state of
+        fixed capacity (``decode_start``'s ``max_rows``) stays that many rows: the index is
+        ``rows`` followed by 0s, so the padding rows copy row 0 (finite values, never read)."""
+        capacity = state.capacity if capacity is None else capacity
+        rows = np.asarray(rows, dtype=np.int64)
+        index = rows if capacity is None else np.concatenate([rows, np.zeros(capacity - len(rows), np.int64)])
+        device = state.memory.device
+        picks = Tensor(index, device=device)
+
         def take(x):
-            return None if x is None else Tensor(x.numpy()[rows], dtype=x.dtype, device=x.device)
+            return None if x is None else _take_rows(x, picks)
 
-        source = state.source[rows]
+        source = state.source[index]
         # The memory and its projected keys and values depend on the source only: copied only
         # when the rows' sources change (the first step's fan-out, a finished source leaving).
         same = np.array_equal(source, state.source)
@@ -351,9 +377,11 @@ class Transformer(TorchTwin, nn.Module):
         if same:
             memory, mask, step_mask = state.memory, state.memory_mask, state.step_mask
         else:
-            memory, mask, step_mask = take(state.memory), state.memory_mask[rows], take(state.step_mask)
+            # The mask lives on the host too: the device copy is made from it, not gathered.
+            mask = state.memory_mask[index]
+            memory, step_mask = take(state.memory), Tensor(mask[:, None, None, :], device=device)
         return _State(memory, mask, step_mask, caches, state.prefix[rows], state.use_cache, source,
-                      state.step)
+                      state.step, capacity)
 
     def decoder_step(self, tokens, caches: list, memory_mask=None, position: Tensor | None = None,
                      positions: Tensor | None = None, need_weights: bool = False):
@@ -438,6 +466,13 @@ def _compiled_step(model: Transformer):
     return step
 
 
+def _take_rows(x: Tensor, rows: Tensor) -> Tensor:
+    """x[rows] along the first axis, rows (M,) int64 on the device: the embedding kernel on x
+    seen as a (N, rest) table, so the index is an input and no host copy is made."""
+    table = x.reshape(x.shape[0], math.prod(x.shape[1:]))
+    return F.embedding(rows, table).reshape((rows.shape[0],) + tuple(x.shape[1:]))
+
+
 def memory_keys(mha: nn.MultiHeadAttention, memory: Tensor, cache: dict) -> tuple[Tensor, Tensor]:
     """A cross-attention's keys and values of the memory (B, H, S, D), projected once into
     ``cache`` (``MultiHeadAttention.project_memory``)."""
@@ -468,3 +503,4 @@ class _State:
     use_cache: bool
     source: np.ndarray          # (N,) which source each row decodes
     step: object = None
+    capacity: int | None = None  # rows the device tensors keep (None: exactly the live rows)

@@ -20,6 +20,7 @@ from .linear import Linear
 from .module import Module, ModuleList, Parameter
 from .rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from .transformer import (
+    DecoderCache,
     Transformer,
     TransformerDecoder,
     TransformerDecoderLayer,
@@ -47,6 +48,7 @@ __all__ = [
     "TransformerEncoder",
     "TransformerDecoder",
     "Transformer",
+    "DecoderCache",
     "init",
     "utils",
     "DotAttention",
