@@ -335,3 +335,91 @@ def test_sdpa_heads_in_place_float32_at_the_mha_bench_shape():
     for got, want in zip(attention.sdpa_back(q, k, v, o, lse, do, None, 0.2, False),
                          attention.sdpa_back(*first[:3], o3, lse3, first[3], None, 0.2, False), strict=True):
         np.testing.assert_allclose(_heads_first(got), want, **TOL[np.float32])
+
+
+def _batched_case(rng, B, H, t_q, t_k, d, mask_kind, dtype):
+    q, k = rng.normal(size=(B, t_q, H, d)).astype(dtype), rng.normal(size=(B, t_k, H, d)).astype(dtype)
+    v = rng.normal(size=(B, t_k, H, d + 1)).astype(dtype)
+    do = rng.normal(size=(B, t_q, H, d + 1)).astype(dtype)
+    mask = {"none": None, "shared": rng.random((1, t_q, t_k)) < 0.6,
+            "per-entry": rng.random((B * H, t_q, t_k)) < 0.6,
+            # padded keys, as a batch of sentences of different lengths gives them
+            "lengths": np.arange(t_k) < rng.integers(1, t_k + 1, size=(B * H, 1, 1))}[mask_kind]
+    if mask is not None:
+        mask = np.broadcast_to(mask, (mask.shape[0], t_q, t_k)).copy()
+        mask[0, t_q // 2] = False                         # a row with nothing to attend to
+    return q, k, v, do, mask
+
+
+EXACT = {np.float32: {"rtol": 1e-5, "atol": 1e-6}, np.float64: {"rtol": 1e-12, "atol": 1e-12}}
+
+
+@settings(deadline=None, max_examples=60)
+@given(B=st.integers(1, 3), H=st.integers(1, 3), t_q=st.integers(5, 12), t_k=st.integers(1, 12),
+       d=st.integers(1, 6), mask_kind=st.sampled_from(["none", "shared", "per-entry", "lengths"]),
+       causal=st.booleans(), split=st.booleans(), dtype=st.sampled_from([np.float32, np.float64]),
+       seed=st.integers(0, 2**32 - 1))
+def test_sdpa_batched_small_heads_equal_the_reference(B, H, t_q, t_k, d, mask_kind, causal, split, dtype,
+                                                      seed):
+    """Small heads with more than SDPA_SMALL_QUERIES queries (a Transformer's self- and
+    cross-attention over sentences) go through numpy's stacked matmul over the heads read in
+    place and Numba's softmax passes: o, lse, the weights and all three gradients equal the
+    reference's, rows that see nothing give 0 and lse -inf, one thread or the batch entries
+    split between two."""
+    rng = np.random.default_rng(seed)
+    q, k, v, do, mask = _batched_case(rng, B, H, t_q, t_k, d, mask_kind, dtype)
+    assert attention._small_heads(B * H, t_q, t_k) and t_q > attention.SDPA_SMALL_QUERIES
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(attention, "SDPA_SMALL_SPLIT_MIN", 0 if split else 2**62)
+        patch.setattr(threads, "_requested", [2 if split else 1])
+        o, lse = attention.sdpa(q, k, v, mask, 0.7, causal)
+        *same, weights = attention.sdpa(q, k, v, mask, 0.7, causal, True)
+        grads = attention.sdpa_back(q, k, v, o, lse, do, mask, 0.7, causal)
+    o_ref, lse_ref, weights_ref = reference.sdpa(q, k, v, mask, 0.7, causal, True)
+    np.testing.assert_array_equal(same[0], o)
+    np.testing.assert_array_equal(same[1], lse)
+    np.testing.assert_allclose(o, o_ref, **EXACT[dtype])
+    np.testing.assert_allclose(weights, weights_ref, **EXACT[dtype])
+    np.testing.assert_array_equal(np.isfinite(lse), np.isfinite(lse_ref))
+    np.testing.assert_allclose(lse[np.isfinite(lse)], lse_ref[np.isfinite(lse_ref)], **EXACT[dtype])
+    for got, want, x in zip(grads, reference.sdpa_back(q, k, v, o_ref, lse_ref, do, mask, 0.7, causal),
+                            (q, k, v), strict=True):
+        assert got.dtype == dtype and got.shape == x.shape
+        np.testing.assert_allclose(got, want, **EXACT[dtype])
+    if mask is not None:
+        assert np.all(o.transpose(0, 2, 1, 3)[0, 0, t_q // 2] == 0) and lse[0, t_q // 2] == -np.inf
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "lengths"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("t_k", [20, 23], ids=["self", "cross"])
+def test_sdpa_float32_at_the_transformer_step_shape(mask_kind, causal, t_k):
+    """(B, T, H, D) = (32, 20, 4, 32) in float32, the Transformer training step's attention:
+    within float32 rounding of the reference run in float64."""
+    q, k, v, do, mask = _batched_case(np.random.default_rng(3), 32, 4, 20, t_k, 32, mask_kind, np.float32)
+    v, do = v[..., :32].copy(), do[..., :32].copy()
+    o, lse = attention.sdpa(q, k, v, mask, 32 ** -0.5, causal)
+    wide = [x.astype(np.float64) for x in (q, k, v, do)]
+    o_ref, lse_ref = reference.sdpa(*wide[:3], mask, 32 ** -0.5, causal)
+    np.testing.assert_allclose(o, o_ref, rtol=1e-5, atol=2e-6)
+    for got, want in zip(attention.sdpa_back(q, k, v, o, lse, do, mask, 32 ** -0.5, causal),
+                         reference.sdpa_back(*wide[:3], o_ref, lse_ref, wide[3], mask, 32 ** -0.5, causal),
+                         strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5)
+
+
+def test_sdpa_few_queries_keep_the_one_sweep_kernels(monkeypatch):
+    """A decoding step (one query a head) never reaches the batched products, whose fixed cost
+    there would exceed the sweep's whole work."""
+    def refuse(*args):
+        raise AssertionError("batched path")
+
+    monkeypatch.setattr(attention, "sdpa_batched", refuse)
+    monkeypatch.setattr(attention, "sdpa_back_batched", refuse)
+    q, k, v, do, mask = _batched_case(np.random.default_rng(4), 8, 4, 1, 30, 32, "lengths", np.float64)
+    for t_q in range(1, attention.SDPA_SMALL_QUERIES + 1):
+        qs, dos = np.repeat(q, t_q, axis=1), np.repeat(do, t_q, axis=1)
+        masks = np.repeat(mask, t_q, axis=1)
+        o, lse = attention.sdpa(qs, k, v, masks, 0.3, False)
+        np.testing.assert_allclose(o, reference.sdpa(qs, k, v, masks, 0.3, False)[0], **EXACT[np.float64])
+        attention.sdpa_back(qs, k, v, o, lse, dos, masks, 0.3, False)

@@ -14,6 +14,7 @@ from numba import njit
 
 from .. import reference, threads
 from ..numba_support import FAST, _exp, _like
+from .attention_small import _sdpa_small_back_serial, _sdpa_small_serial, sdpa_back_batched, sdpa_batched
 from .softmax import _NO_MASK
 
 # ---------------------------------------------------------------- scaled dot-product attention
@@ -269,129 +270,31 @@ def _over_heads(work, n, *args, blas=True):
 
 # ---------------------------------------------------------------- small heads
 
-# Below this many scores (N * T_q * T_k) every head is small enough that BLAS calls and numpy
-# passes cost more than the arithmetic: a Transformer over 20-token sentences has N = 128
-# heads of 20 x 20 scores, and a decoding step one query per head.  There the kernels below
-# do everything in one sweep per head (scores, softmax, weighted sum; the backward's five
-# products likewise), in registers and one row of scratch, heads shared between threads when
-# there are enough of them.  Measured against the reference's numpy passes (one thread, float32,
-# D = 32, 128 heads of 20 keys): forward 6x faster with 1 query, 1.2x with 20; backward 1.5-2x
-# faster with up to 4 queries but 1.5x slower with 20, where its five per-pair loops over D
-# lose to batched BLAS products: so a serial backward keeps the reference beyond
-# SDPA_SMALL_BACK_QUERIES.
-# Many small heads take the same path: the blocked kernel's per-head Python loop costs ~40 us
-# a head, which 256 heads of 16 x 16 scores (a Transformer at batch 64) pay 256 times for
-# little arithmetic.  Forward+backward, one thread, (N, T, D): (256, 16, 16) 9.7 ms blocked
-# against 1.5 ms; (256, 48, 16) 14.0 against 9.1; (256, 64, 16) 16.7 against 15.4; (256, 96,
-# 16) 23.7 against 33.1: so heads of fewer than 64 x 64 scores stay off the blocked kernel.
+# Below this many scores (N * T_q * T_k) every head is small enough that the blocked kernel's
+# per-head work costs more than the arithmetic: a Transformer over 20-token sentences has
+# N = 128 heads of 20 x 20 scores, and a decoding step one query per head.  Up to
+# SDPA_SMALL_QUERIES queries the one-sweep kernels of attention_small.py do a head's scores,
+# softmax and weighted sums in registers (decoding: 6x the reference's numpy passes).  With
+# more, their loops over 20 keys or 32 features are too short for LLVM to vectorise (~7
+# GFMA/s), and ``sdpa_batched``/``sdpa_back_batched`` win: numpy's stacked matmul over all
+# heads for each product, read in place, and one Numba pass for the softmax (or its backward)
+# between.  One thread, float32, (B, T, H, D) = (32, 20, 4, 32): forward 460 -> ~190 us,
+# backward 610-720 (the reference's passes; the sweep was slower still) -> ~340 us.
+# Many small heads take this path rather than the blocked kernel, whose per-head Python loop
+# costs ~40 us a head, which 256 heads of 16 x 16 scores (a Transformer at batch 64) pay 256
+# times for little arithmetic.  Forward+backward, one thread, (N, T, D): (256, 16, 16) 9.7 ms
+# blocked against 1.5 ms; (256, 48, 16) 14.0 against 9.1; (256, 64, 16) 16.7 against 15.4;
+# (256, 96, 16) 23.7 against 33.1: so heads of fewer than 64 x 64 scores stay off the blocked
+# kernel.  (Those were measured with the one-sweep kernels.)
 SDPA_KERNEL_MIN = 65536
 SDPA_HEAD_MIN = 4096
-SDPA_SMALL_BACK_QUERIES = 4
-# From this many scores x head size the heads are shared between our threads (``_over_heads``;
-# the kernels release the GIL), not a prange loop: with PyTorch imported first Numba runs
+SDPA_SMALL_QUERIES = 4
+# From this many scores x head size the heads (the batched path: the batch entries) are shared
+# between our threads (``_over_heads``; the kernels and numpy's matmul release the GIL), not a
+# prange loop: with PyTorch imported first Numba runs
 # "workqueue" threads, and a prange forward at (128, 20, 20, 32) took 622 us against 567
 # serially (our threads: 328).  A split costs ~50 us, the forward's sweep ~0.35 ns a unit.
 SDPA_SMALL_SPLIT_MIN = 1 << 19
-
-
-@njit(cache=True, fastmath=FAST, nogil=True)
-def _dot(a, b):
-    total = _like(a[0], 0.0)
-    for d in range(a.shape[0]):
-        total += a[d] * b[d]
-    return total
-
-
-@njit(cache=True, fastmath=FAST, error_model="numpy")
-def _sdpa_small_head(n, q, k, v, mask, has_mask, causal, scale, o, lse, scores, weights, has_weights):
-    """Head n = b H + h: o[b, :, h], lse[n] from q[b, :, h] (T_q, D), k[b, :, h], v[b, :, h];
-    ``scores`` a (T_k,) scratch row, or with ``has_weights`` the weights' own row, which then
-    keeps exp(s - m) / total."""
-    t_q, t_k = q.shape[1], k.shape[1]
-    b, h = n // q.shape[2], n % q.shape[2]
-    keep_all = mask[n if mask.shape[0] > 1 else 0]
-    for i in range(t_q):
-        q_i, o_i = q[b, i, h], o[b, i, h]
-        row = weights[n, i] if has_weights else scores
-        keep = keep_all[i if has_mask else 0]
-        stop = min(i + 1, t_k) if causal else t_k
-        m = _like(q_i[0], -np.inf)
-        for j in range(stop):
-            if has_mask and not keep[j]:
-                row[j] = -np.inf
-                continue
-            e = _dot(q_i, k[b, j, h]) * scale
-            row[j] = e
-            m = max(m, e)
-        for j in range(stop, t_k):
-            row[j] = -np.inf
-        for d in range(o_i.shape[0]):
-            o_i[d] = 0.0
-        if not math.isfinite(m):                     # nothing to attend to
-            lse[n, i] = -np.inf
-            for j in range(t_k):
-                row[j] = 0.0
-            continue
-        total = _like(m, 0.0)
-        for j in range(stop):
-            p = _exp(row[j] - m)                     # masked: exp(-inf) = 0
-            row[j] = p
-            total += p
-            v_j = v[b, j, h]
-            for d in range(o_i.shape[0]):
-                o_i[d] += p * v_j[d]
-        for j in range(stop, t_k):
-            row[j] = 0.0
-        inv = _like(m, 1.0) / total
-        for d in range(o_i.shape[0]):
-            o_i[d] *= inv
-        if has_weights:
-            for j in range(stop):
-                row[j] *= inv
-        lse[n, i] = m + math.log(total)
-
-
-@njit(cache=True, nogil=True)
-def _sdpa_small_serial(q, k, v, mask, has_mask, causal, scale, o, lse, weights, has_weights, start, stop):
-    scores = np.empty(k.shape[1], dtype=q.dtype)
-    for n in range(start, stop):
-        _sdpa_small_head(n, q, k, v, mask, has_mask, causal, scale, o, lse, scores, weights, has_weights)
-
-
-@njit(cache=True, fastmath=FAST, error_model="numpy")
-def _sdpa_small_back_head(n, q, k, v, o, lse, do, mask, has_mask, causal, scale, dq, dk, dv):
-    """Head n's gradients, each weight rebuilt from lse: p = exp(q.k scale - lse),
-    ds = p (do.v - do.o); dq += ds k scale, dk += ds q scale, dv += p do."""
-    t_q, t_k = q.shape[1], k.shape[1]
-    b, h = n // q.shape[2], n % q.shape[2]
-    keep_all = mask[n if mask.shape[0] > 1 else 0]
-    for i in range(t_q):
-        q_i, do_i, dq_i = q[b, i, h], do[b, i, h], dq[b, i, h]
-        lse_i = lse[n, i]
-        if not math.isfinite(lse_i):                 # a row that saw nothing: no gradient
-            continue
-        keep = keep_all[i if has_mask else 0]
-        stop = min(i + 1, t_k) if causal else t_k
-        delta = _dot(do_i, o[b, i, h])
-        for j in range(stop):
-            if has_mask and not keep[j]:
-                continue
-            k_j, v_j, dk_j, dv_j = k[b, j, h], v[b, j, h], dk[b, j, h], dv[b, j, h]
-            p = _exp(_dot(q_i, k_j) * scale - lse_i)
-            ds = p * (_dot(do_i, v_j) - delta)
-            for d in range(dv_j.shape[0]):
-                dv_j[d] += p * do_i[d]
-            for d in range(q_i.shape[0]):
-                dq_i[d] += ds * k_j[d]
-                dk_j[d] += ds * q_i[d] * scale
-        for d in range(q_i.shape[0]):
-            dq_i[d] *= scale
-
-
-@njit(cache=True, nogil=True)
-def _sdpa_small_back_serial(q, k, v, o, lse, do, mask, has_mask, causal, scale, dq, dk, dv, start, stop):
-    for n in range(start, stop):
-        _sdpa_small_back_head(n, q, k, v, o, lse, do, mask, has_mask, causal, scale, dq, dk, dv)
 
 
 def _small_heads(n, t_q, t_k) -> bool:
@@ -422,14 +325,26 @@ def _small_mask(mask):
     return (_NO_MASK[None], False) if mask is None else (np.ascontiguousarray(mask), True)
 
 
+def _over_entries(work, q, k, *args):
+    """work(*args, entries) over the batch entries: split between threads, or in this one."""
+    if _small_split(q, k):
+        _over_heads(work, q.shape[0], *args)
+    else:
+        work(*args, range(q.shape[0]))
+
+
 def _sdpa_small(q, k, v, mask, scale, causal, with_weights=False):
     n, t_q, t_k = q.shape[0] * q.shape[2], q.shape[1], k.shape[1]
     o = np.empty(q.shape[:3] + v.shape[3:], dtype=q.dtype)
     lse = np.empty((n, t_q), dtype=q.dtype)
     weights = np.zeros((n, t_q, t_k) if with_weights else (1, 1, 1), dtype=q.dtype)
-    if n and t_q:
+    scale = q.dtype.type(scale)
+    if n and t_q > SDPA_SMALL_QUERIES:
+        _over_entries(sdpa_batched, q, k, q, k, v, mask, scale, causal, o, lse,
+                      weights if with_weights else None)
+    elif n and t_q:
         mask, has_mask = _small_mask(mask)
-        args = (q, k, v, mask, has_mask, causal, q.dtype.type(scale), o, lse, weights, with_weights)
+        args = (q, k, v, mask, has_mask, causal, scale, o, lse, weights, with_weights)
         if _small_split(q, k):
             _over_heads(_small_heads_work, n, *args, blas=False)
         else:
@@ -438,11 +353,15 @@ def _sdpa_small(q, k, v, mask, scale, causal, with_weights=False):
 
 
 def _sdpa_small_back(q, k, v, o, lse, do, mask, scale, causal):
+    n, scale = q.shape[0] * q.shape[2], q.dtype.type(scale)
+    if n and q.shape[1] > SDPA_SMALL_QUERIES and k.shape[1]:
+        dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)         # written whole
+        _over_entries(sdpa_back_batched, q, k, q, k, v, o, lse, do, mask, scale, causal, dq, dk, dv)
+        return dq, dk, dv
     dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
-    n = q.shape[0] * q.shape[2]
     if n and q.shape[1] and k.shape[1]:
         mask, has_mask = _small_mask(mask)
-        args = (q, k, v, o, lse, do, mask, has_mask, causal, q.dtype.type(scale), dq, dk, dv)
+        args = (q, k, v, o, lse, do, mask, has_mask, causal, scale, dq, dk, dv)
         if _small_split(q, k):
             _over_heads(_small_back_heads_work, n, *args, blas=False)
         else:
@@ -500,13 +419,7 @@ def sdpa_back(q, k, v, o, lse, do, mask, scale, causal):
     mask = None if mask is None else np.ascontiguousarray(mask)
     n = q.shape[0] * q.shape[2]
     if _small_heads(n, q.shape[1], k.shape[1]):
-        # Split between threads the kernel wins again (128 heads of 20 x 20, D = 32, two
-        # threads, beside the training step's products: ~0.77 ms against the reference's ~0.8).
-        if q.shape[1] <= SDPA_SMALL_BACK_QUERIES or _small_split(q, k):
-            grads = _sdpa_small_back(q, k, v, o, lse, do, mask, scale, causal)
-        else:
-            grads = reference.sdpa_back(q, k, v, o, lse, do, mask, scale, causal)
-        return _as_given(given, *grads)
+        return _as_given(given, *_sdpa_small_back(q, k, v, o, lse, do, mask, scale, causal))
     dq = np.empty_like(q)
     # Causal attention may leave keys that no query sees, and reaches some key blocks first
     # from a later query block: there dk and dv start from zeros and every block adds.
