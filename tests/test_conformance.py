@@ -307,8 +307,13 @@ def lookups(rng, dtype, shape):
     dloss = rng.normal(size=n).astype(dtype)
     weight = rng.normal(size=(5, 3)).astype(dtype)
     ids = rng.integers(0, 5, size=shape[:-1])
+    # Beam search's row gather: a decode cache (rows, H * L * D) reshaped flat, its surviving
+    # rows picked with repeats and the padding rows pointing at row 0 (models/transformer.py).
+    cache = rng.normal(size=(shape[0], int(np.prod(shape)) * 7)).astype(dtype)
+    survivors = np.concatenate([rng.integers(0, shape[0], size=shape[0] + 1), np.zeros(2, dtype=np.int64)])
     return [("nll_loss", (logp, target, 0)), ("nll_loss", (logp, target, -(2**63))),
-            ("nll_loss_back", ((n, c), target, 0, dloss)), ("embedding", (weight, ids))]
+            ("nll_loss_back", ((n, c), target, 0, dloss)), ("embedding", (weight, ids)),
+            ("embedding", (cache, survivors))]
 
 
 def losses_and_draws(rng, dtype, shape):
