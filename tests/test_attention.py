@@ -434,3 +434,107 @@ def test_attention_with_zero_keys_gives_a_zero_context_and_no_gradient(device, n
     assert context.shape == (2, 3) and weights.shape == (2, 0) and not context.numpy().any()
     context.sum().backward()
     assert not _grad_of(s).any()
+
+
+# ---------------------------------------------------------------- packed in-projections
+
+
+@given(st.data())
+def test_split_pieces_gradients_equal_slicing_on_every_device(data):
+    """The pieces' gradients gathered into one cat equal GetItem slices' (the oracle, which
+    zero-fills and adds), bitwise; a piece backward never reaches contributes zeros."""
+    from tinygrad_attn.compiler import available_devices
+    from tinygrad_attn.ops.movement import split
+
+    sizes = tuple(data.draw(st.lists(st.integers(0, 3), min_size=1, max_size=4)))
+    ndim = data.draw(st.integers(1, 3))
+    axis = data.draw(st.integers(-ndim, ndim - 1))
+    shape = [data.draw(st.integers(1, 3)) for _ in range(ndim)]
+    shape[axis] = sum(sizes)
+    used = data.draw(st.lists(st.booleans(), min_size=len(sizes), max_size=len(sizes)))
+    rng = np.random.default_rng(len(sizes) * 10 + ndim)
+    x_np = rng.normal(size=shape)
+    for device in available_devices():
+        grads = []
+        for cut in (True, False):
+            x = Tensor(x_np, device=device, dtype="float64", requires_grad=True)
+            starts = np.cumsum((0,) + sizes)
+            where = [(slice(None),) * (axis % ndim) + (slice(a, a + n),)
+                     for a, n in zip(starts, sizes, strict=False)]
+            pieces = split(x, sizes, axis) if cut else [x[w] for w in where]
+            total = (x * 0.5).sum()
+            for k, (piece, keep) in enumerate(zip(pieces, used, strict=True)):
+                np.testing.assert_array_equal(piece.numpy(), x_np[where[k]])
+                if keep:
+                    total = total + (piece * float(k + 2)).sum()
+            total.backward()
+            grads.append(x.grad.numpy())
+        np.testing.assert_array_equal(grads[0], grads[1])
+
+
+def test_split_gathers_afresh_at_every_backward():
+    from tinygrad_attn.ops.movement import split
+
+    x = Tensor(np.arange(6.0).reshape(2, 3), dtype="float64", requires_grad=True)
+    a, b = split(x, (1, 2), 1)
+    loss = (a * 2.0).sum() + (b * 3.0).sum()
+    loss.backward(retain_graph=True)
+    (a * 5.0).sum().backward()            # b's gradient of the first pass, kept, would add 3 again
+    np.testing.assert_array_equal(x.grad.numpy(), [[7.0, 3.0, 3.0]] * 2)
+
+
+def _multi_head_args(rng, E):
+    W, b, W_o, b_o = (Tensor(rng.normal(size=shape) * 0.3, dtype="float64", requires_grad=True)
+                      for shape in ((3 * E, E), (3 * E,), (E, E), (E,)))
+    return W, b, W_o, b_o
+
+
+@pytest.mark.parametrize("kind", ["self", "cross", "distinct", "self-unbatched"])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_packed_in_projection_equals_the_sliced_weights(kind, need_weights):
+    """multi_head with in_proj_weight against the sliced weights passed as W_q, W_k, W_v
+    (what MultiHeadAttention did before): outputs, weights and every gradient."""
+    rng = np.random.default_rng(5)
+    B, T, S, E, H = 2, 4, 3, 8, 2
+    shape_q = (T, E) if kind == "self-unbatched" else (B, T, E)
+    x_np, m_np, y_np = rng.normal(size=shape_q), rng.normal(size=(B, S, E)), rng.normal(size=(B, S, E))
+    results = []
+    for packed in (True, False):
+        W, b, W_o, b_o = _multi_head_args(np.random.default_rng(6), E)
+        x, m, y = (Tensor(a, dtype="float64", requires_grad=True) for a in (x_np, m_np, y_np))
+        query, key, value = {"self": (x, x, x), "self-unbatched": (x, x, x), "cross": (x, m, m),
+                             "distinct": (x, m, y)}[kind]
+        options = dict(need_weights=need_weights, causal=kind.startswith("self"))
+        if packed:
+            out, w = ta.attention.multi_head(query, key, value, H, None, None, None, W_o, b_o=b_o,
+                                             in_proj_weight=W, in_proj_bias=b, **options)
+        else:
+            out, w = ta.attention.multi_head(query, key, value, H, W[:E], W[E:2 * E], W[2 * E:], W_o,
+                                             b[:E], b[E:2 * E], b[2 * E:], b_o, **options)
+        (out * out).sum().backward()
+        grads = [t.grad.numpy() if t.grad is not None else None for t in (x, m, y, W, b, W_o, b_o)]
+        results.append((out.numpy(), None if w is None else w.numpy(), grads))
+    (o1, w1, g1), (o2, w2, g2) = results
+    np.testing.assert_allclose(o1, o2, rtol=1e-12, atol=1e-12)
+    if need_weights:
+        np.testing.assert_allclose(w1, w2, rtol=1e-12, atol=1e-12)
+    for a, b in zip(g1, g2, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_packed_self_attention_projects_once_and_slices_nothing():
+    """Self-attention's in-projection is one Linear cut by Split: no GetItem copies of the
+    weights (each a (3E, E) zero-filled gradient), and cross-attention two Linears."""
+    from tinygrad_attn.autograd import toposort
+
+    mha = ta.nn.MultiHeadAttention(8, 2).double()
+    x = Tensor(np.random.default_rng(0).normal(size=(2, 5, 8)), dtype="float64", requires_grad=True)
+    m = Tensor(np.random.default_rng(1).normal(size=(2, 3, 8)), dtype="float64")
+    for query, key, linears in ((x, x, 2), (x, m, 3)):
+        out, _ = mha(query, key, key, need_weights=False)
+        names = [t.node.op.name for t in toposort(out) if t.node is not None]
+        assert "GetItem" not in names
+        assert names.count("Linear") == linears                  # in-projections + out_proj
+        assert "Split" in names

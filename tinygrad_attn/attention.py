@@ -40,6 +40,7 @@ import numpy as np
 from . import functional
 from .autograd import DTypeError, ShapeError, current_scope, scope
 from .ops import AdditiveScores, MaskedSoftmax, ScaledDotProduct
+from .ops.movement import split
 from .shapes import batch_shape, broadcasts_to
 from .tensor import Tensor, where
 
@@ -523,7 +524,8 @@ def multi_head(query: Tensor, key: Tensor, value: Tensor, num_heads: int, W_q: T
                W_k: Tensor, W_v: Tensor, W_o: Tensor, b_q: Tensor | None = None,
                b_k: Tensor | None = None, b_v: Tensor | None = None, b_o: Tensor | None = None, *,
                key_mask=None, mask=None, causal: bool = False, dropout: float = 0.0,
-               need_weights: bool = True, average_weights: bool = True):
+               need_weights: bool = True, average_weights: bool = True,
+               in_proj_weight: Tensor | None = None, in_proj_bias: Tensor | None = None):
     """Multi-head attention (Vaswani et al. 2017), batch first:
 
         head_i = attention(query W_q_i^T, key W_k_i^T, value W_v_i^T)
@@ -543,6 +545,11 @@ def multi_head(query: Tensor, key: Tensor, value: Tensor, num_heads: int, W_q: T
         key: (B, S, kdim); value: (B, S, vdim).
         num_heads: H; must divide E.
         W_q: (E, E), W_k: (E, kdim), W_v: (E, vdim), W_o: (E, E); biases (E,) or None.
+        in_proj_weight: (3E, E) = [W_q; W_k; W_v] packed, as PyTorch keeps them (then W_q, W_k,
+            W_v and their biases are None, and in_proj_bias (3E,) or None packs the biases).
+            Self-attention (query is key is value) then projects with one product and
+            cross-attention (key is value) with two, q and the packed (k, v); the products
+            are cut into heads by ``ops.movement.split``, whose backward is one concatenation.
         key_mask: (B, S) boolean, True = a real token (False = padding, never attended).
         mask: boolean, True = may attend, broadcast to (B, H, T, S): e.g. (T, S).
         causal: forbid attending to later positions.
@@ -558,6 +565,7 @@ def multi_head(query: Tensor, key: Tensor, value: Tensor, num_heads: int, W_q: T
         for what, x in (("query", query), ("key", key), ("value", value)):
             _check_tensor(fname, x, what, 2)
         unbatched = query.ndim == 2
+        shared = (query is key and key is value, key is value)   # before unsqueeze makes new tensors
         if unbatched:
             query, key, value = query.unsqueeze(0), key.unsqueeze(0), value.unsqueeze(0)
         if not query.ndim == key.ndim == value.ndim == 3:
@@ -571,17 +579,33 @@ def multi_head(query: Tensor, key: Tensor, value: Tensor, num_heads: int, W_q: T
         if num_heads < 1 or E % num_heads:
             _fail(fname, f"num_heads={num_heads} must divide the embedding size E={E}")
         D = E // num_heads
-        _check_weight(fname, W_q, "W_q", (E, E))
-        _check_weight(fname, W_k, "W_k", (E, key.shape[-1]))
-        _check_weight(fname, W_v, "W_v", (E, value.shape[-1]))
+        packed = in_proj_weight is not None
+        if packed:
+            if any(w is not None for w in (W_q, W_k, W_v, b_q, b_k, b_v)):
+                _fail(fname, "in_proj_weight replaces W_q, W_k, W_v and their biases: pass those as None")
+            if key.shape[-1] != E or value.shape[-1] != E:
+                _fail(fname, f"in_proj_weight needs key and value of size E={E}, got {key.shape} and "
+                             f"{value.shape}")
+            _check_weight(fname, in_proj_weight, "in_proj_weight", (3 * E, E))
+            if in_proj_bias is not None:
+                _check_weight(fname, in_proj_bias, "in_proj_bias", (3 * E,))
+        else:
+            _check_weight(fname, W_q, "W_q", (E, E))
+            _check_weight(fname, W_k, "W_k", (E, key.shape[-1]))
+            _check_weight(fname, W_v, "W_v", (E, value.shape[-1]))
         _check_weight(fname, W_o, "W_o", (E, E))
         for what, b in (("b_q", b_q), ("b_k", b_k), ("b_v", b_v), ("b_o", b_o)):
             if b is not None:
                 _check_weight(fname, b, what, (E,))
         full_mask = _head_mask(fname, key_mask, mask, B, num_heads, T, S, query, unbatched)
-        q = functional.linear(query, W_q, b_q).reshape(B, T, num_heads, D)   # (B, T, H, D)
-        k = functional.linear(key, W_k, b_k).reshape(B, S, num_heads, D)
-        v = functional.linear(value, W_v, b_v).reshape(B, S, num_heads, D)
+        if packed:
+            q, k, v = _packed_projections(query, key, value, in_proj_weight, in_proj_bias, E, *shared)
+        else:
+            q, k, v = (functional.linear(query, W_q, b_q), functional.linear(key, W_k, b_k),
+                       functional.linear(value, W_v, b_v))
+        q = q.reshape(B, T, num_heads, D)                                    # (B, T, H, D)
+        k = k.reshape(B, S, num_heads, D)
+        v = v.reshape(B, S, num_heads, D)
         if not need_weights and dropout == 0.0 and T * S < HEADS_IN_PLACE_MAX_SCORES:
             # The fused node reads the heads where the projections left them and writes the
             # context as (B, T, H, D), which is (B, T, H*D) already: no transposed copies.
@@ -601,6 +625,25 @@ def multi_head(query: Tensor, key: Tensor, value: Tensor, num_heads: int, W_q: T
             out = out.squeeze(0)
             weights = None if weights is None else weights.squeeze(0)
         return out, weights
+
+
+def _packed_projections(query: Tensor, key: Tensor, value: Tensor, W: Tensor, b: Tensor | None, E: int,
+                        self_attention: bool, key_is_value: bool):
+    """query W_q^T + b_q, key W_k^T + b_k, value W_v^T + b_v from the packed W = [W_q; W_k; W_v]
+    (3E, E), as PyTorch's in_projection_packed: one product for self-attention, two (q, and
+    the packed (k, v)) for cross-attention.  The cuts are ``split`` pieces: backward gathers
+    each cut's gradients into one concatenation."""
+    if self_attention:
+        return tuple(split(functional.linear(query, W, b), (E, E, E), -1))        # (B, T, E) each
+    if key_is_value:
+        W_q, W_kv = split(W, (E, 2 * E), 0)
+        b_q, b_kv = (None, None) if b is None else split(b, (E, 2 * E), 0)
+        k, v = split(functional.linear(key, W_kv, b_kv), (E, E), -1)
+        return functional.linear(query, W_q, b_q), k, v
+    Ws = split(W, (E, E, E), 0)
+    bs = (None, None, None) if b is None else split(b, (E, E, E), 0)
+    return tuple(functional.linear(x, w, bias)
+                 for x, w, bias in zip((query, key, value), Ws, bs, strict=True))
 
 
 def _head_mask(fname, key_mask, mask, B, H, T, S, like, unbatched):

@@ -131,6 +131,14 @@ def _cat(g, op, inputs, tensors, out):
     return inputs[0] if len(inputs) == 1 else g.node("Concat", inputs, axis=int(op.axis))
 
 
+@_lowers("Split")
+def _split(g, op, inputs, tensors, out):
+    # One piece per recorded op: a Slice (an ONNX Split would make every piece each time).
+    start = sum(int(n) for n in op.sizes[:int(op.index)])
+    end = start + int(op.sizes[int(op.index)])
+    return g.node("Slice", [inputs[0], g.ints([start]), g.ints([end]), g.ints([int(op.axis)])])
+
+
 @_lowers("Stack")
 def _stack(g, op, inputs, tensors, out):
     axes = g.ints([int(op.axis)])

@@ -198,12 +198,20 @@ class MultiHeadAttention(Module):
         key_mask (B, S) is True at real tokens (PyTorch's key_padding_mask is the opposite);
         mask broadcasts to (B, H, T, S) with True = may attend.  See ``ta.attention.multi_head``.
         """
+        options = dict(key_mask=key_mask, mask=mask, causal=causal, need_weights=need_weights,
+                       dropout=self.dropout if self.training else 0.0, average_weights=average_weights)
+        if "in_proj_weight" in self._parameters:
+            # Packed, as PyTorch projects: one product for self-attention, two for
+            # cross-attention, where slices of the weight would each be a copy whose backward
+            # zero-fills a (3E, E) gradient.
+            return attention.multi_head(
+                query, key, value, self.num_heads, None, None, None, self.out_proj.weight,
+                b_o=self.out_proj.bias, in_proj_weight=self.in_proj_weight,
+                in_proj_bias=self.in_proj_bias, **options)
         (W_q, W_k, W_v), (b_q, b_k, b_v) = self._projections()
         return attention.multi_head(
             query, key, value, self.num_heads, W_q, W_k, W_v, self.out_proj.weight,
-            b_q, b_k, b_v, self.out_proj.bias, key_mask=key_mask, mask=mask, causal=causal,
-            dropout=self.dropout if self.training else 0.0, need_weights=need_weights,
-            average_weights=average_weights)
+            b_q, b_k, b_v, self.out_proj.bias, **options)
 
     # ------------------------------------------------------------ decoding a token at a time
     #

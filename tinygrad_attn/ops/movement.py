@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from ..autograd import Example, Op, register
+from ..autograd import DeferredGrad, Example, Op, register
 from ..shapes import broadcasts_to
 from ._common import check_same_dtype, normalize_axis, uniform
 
@@ -212,3 +212,88 @@ class Stack(Op):
     def examples(cls):
         return [Example((uniform(350, 2, 3), uniform(351, 2, 3)), {"axis": 0}),
                 Example((uniform(352, 3), uniform(353, 3), uniform(354, 3)), {"axis": -1})]
+
+
+class Pieces:
+    """What the pieces of one cut share: their gradients, gathered as each piece's backward
+    runs, so the cut input's gradient is one ``cat`` of them (zeros for a piece that got
+    none), where a slice per piece would make each a zero-filled input-sized gradient and
+    backward add them up."""
+
+    __slots__ = ("grads", "backend", "axis", "shapes", "dtype")
+
+    def __init__(self, count: int):
+        self.grads: list = [None] * count
+
+    def gathered(self):
+        """The input's gradient: the pieces' gradients concatenated, read once per backward."""
+        kb, grads = self.backend, self.grads
+        self.grads = [None] * len(grads)            # the next backward starts empty
+        parts = [kb.zeros(shape, self.dtype) if g is None else g
+                 for g, shape in zip(grads, self.shapes, strict=True)]
+        return parts[0] if len(parts) == 1 else kb.cat(parts, self.axis)
+
+    def __repr__(self) -> str:
+        return f"Pieces({len(self.grads)})"
+
+
+def _gathered(pieces: Pieces):
+    return pieces.gathered()
+
+
+@register
+class Split(Op):
+    """y = piece ``index`` of x cut along ``axis`` into pieces of ``sizes``:
+    x[..., s : s + sizes[index], ...] with s = sizes[0] + ... + sizes[index - 1].
+
+    ``split`` makes every piece of one cut, sharing a ``Pieces``: the input's gradient is then
+    one concatenation of the pieces' gradients (a deferred gradient every piece's backward
+    joins), not a zero-filled input-sized array per piece added up, as slicing gives.
+    """
+
+    kernels = ("cat", "getitem", "zeros")
+
+    @staticmethod
+    def symbolic(sp, x, sizes, axis, index, pieces=None):
+        x = np.asarray(x, dtype=object)
+        start = sum(sizes[:index])
+        return np.take(x, np.arange(start, start + sizes[index]), axis=axis)
+
+    def forward(self, x):
+        axis = normalize_axis(self, self.axis, x.ndim)
+        sizes = tuple(int(n) for n in self.sizes)
+        if any(n < 0 for n in sizes) or sum(sizes) != x.shape[axis]:
+            self.fail(f"sizes {sizes} must be >= 0 and add up to axis {axis} of shape {tuple(x.shape)}")
+        if not 0 <= int(self.index) < len(sizes):
+            self.fail(f"index {self.index} is not one of the {len(sizes)} pieces", IndexError)
+        self.set_attr("axis", axis)
+        self.set_attr("sizes", sizes)
+        pieces = getattr(self, "pieces", None)
+        if pieces is None:                          # a lone piece: a cut of its own
+            pieces = self.pieces = Pieces(len(sizes))
+        pieces.backend, pieces.axis, pieces.dtype = self.backend, axis, x.dtype
+        pieces.shapes = [x.shape[:axis] + (n,) + x.shape[axis + 1:] for n in sizes]
+        start = sum(sizes[:self.index])
+        index = (slice(None),) * axis + (slice(start, start + sizes[self.index]),)
+        self.saved = (x.shape,)
+        return self.backend.getitem(x, index)
+
+    def backward(self, dy):
+        (shape,) = self.saved
+        self.pieces.grads[self.index] = dy
+        # One deferred gradient per cut: the siblings' join it (same fn, extras, shape), and
+        # it is read, one cat, only once every piece's backward has run.
+        return (DeferredGrad(self.backend, _gathered, shape, (), (self.pieces,)),)
+
+    @classmethod
+    def examples(cls):
+        return [Example((uniform(360, 2, 5),), {"sizes": (2, 3), "axis": 1, "index": 1}),
+                Example((uniform(361, 3, 2),), {"sizes": (1, 1, 1), "axis": 0, "index": 0}),
+                Example((uniform(362, 2, 6),), {"sizes": (2, 2, 2), "axis": -1, "index": 2})]
+
+
+def split(x, sizes, axis: int = -1) -> list:
+    """x cut along ``axis`` into pieces of ``sizes`` (Tensors), whose gradients backward
+    concatenates once (see ``Split``)."""
+    pieces = Pieces(len(sizes))
+    return [Split.apply(x, sizes=tuple(sizes), axis=axis, index=i, pieces=pieces) for i in range(len(sizes))]
