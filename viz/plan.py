@@ -46,6 +46,7 @@ from .graph import (
     _parse_collapse,
     _scope_kind,
     _wrap,
+    draw_plans_with,
 )
 
 __all__ = ["plan_of", "plan_graph"]
@@ -354,3 +355,6 @@ def plan_graph(plan: Plan, collapse=None, rankdir: str = "TB") -> Drawing:
         raise ValueError(f"graph(): a plan has no unrolled steps to keep; collapse a plan by scope names "
                          f"(collapse='attention', '*/*'), got {collapse!r}")
     return _PlanDrawing(plan, patterns, rankdir).digraph()
+
+
+draw_plans_with(plan_of, plan_graph)
