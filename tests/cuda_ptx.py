@@ -81,7 +81,13 @@ def record_launches(kernels):
             for shape in ((2, 3), (3, 2, 4)):
                 for name, args in generator(np.random.default_rng(0), dtype, shape):
                     with np.errstate(all="ignore"):
-                        table[name](*(contiguous(a) for a in args))
+                        try:
+                            table[name](*(contiguous(a) for a in args))
+                        except AssertionError:
+                            # A guard read back a flag no launch wrote (launches are only
+                            # recorded here) and called the case's fail: its launch is recorded.
+                            if not name.startswith("guard_"):
+                                raise
     return list(launched.values())
 
 
