@@ -1,7 +1,7 @@
 """Compiled decoding where a user meets it: ``ta.models.evaluate/translate/translate_tokens/
 decode(..., compile=True)`` and ``tinygrad-attn translate/evaluate --compile`` give what the
-eager decoders give, bit for bit (greedy and beam search, n-best with scores), and refuse a
-model whose decoding does not compile."""
+eager decoders give, bit for bit (greedy and beam search, n-best with scores), for a
+Transformer and a Seq2Seq, and refuse a model whose decoding does not compile."""
 
 import json
 
@@ -10,7 +10,7 @@ import pytest
 
 import tinygrad_attn as ta
 from tinygrad_attn import cli
-from tinygrad_attn.models.transformer import _COMPILED
+from tinygrad_attn.models.decoding import _COMPILED_STEPS as _COMPILED
 
 TINY = ["--arch", "transformer", "--task", "copy", "--length", "4", "--steps", "30", "--d-model", "16",
         "--heads", "2", "--ff", "32", "--layers", "1"]
@@ -96,9 +96,63 @@ def test_evaluate_compile_reports_what_eager_reports(checkpoint, capsys, beam):
     assert json.loads(capsys.readouterr().out) == eager and eager["n"] > 0
 
 
-def test_compile_refused_for_a_seq2seq(seq2seq_checkpoint, capsys):
-    assert cli.main(["translate", str(seq2seq_checkpoint), "abc", "--compile"]) != 0
-    assert "--compile decodes a Transformer checkpoint" in capsys.readouterr().err
+@pytest.mark.parametrize("extra", [[], ["--beam", "3"], ["--beam", "3", "--n-best", "2"]])
+def test_seq2seq_translate_compile_prints_what_eager_prints(seq2seq_checkpoint, capsys, extra):
+    args = ["translate", str(seq2seq_checkpoint), "abca", "cab", "a", "bbb", *extra]
+    assert cli.main(args) == 0
+    eager = capsys.readouterr().out
+    assert cli.main([*args, "--compile"]) == 0
+    assert capsys.readouterr().out == eager and "'abca' -> " in eager
+
+
+@pytest.mark.parametrize("beam", [[], ["--beam", "2"]])
+def test_seq2seq_evaluate_compile_reports_what_eager_reports(seq2seq_checkpoint, capsys, beam):
+    assert cli.main(["evaluate", str(seq2seq_checkpoint), "--json", *beam]) == 0
+    eager = json.loads(capsys.readouterr().out)
+    assert cli.main(["evaluate", str(seq2seq_checkpoint), "--json", "--compile", *beam]) == 0
+    assert json.loads(capsys.readouterr().out) == eager and eager["n"] > 0
+
+
+@pytest.mark.parametrize("beam", [None, 3])
+def test_seq2seq_translate_tokens_and_decode_compiled_equal_eager(seq2seq_checkpoint, beam):
+    from tinygrad_attn.models.decoding import _COMPILED_STEPS as SEQ2SEQ_COMPILED
+
     model, info = ta.models.load_checkpoint(seq2seq_checkpoint)
+    eager = ta.models.translate_tokens(model, SOURCES, info.src_vocab, info.tgt_vocab, beam=beam,
+                                       batch_size=2)
+    compiled = ta.models.translate_tokens(model, SOURCES, info.src_vocab, info.tgt_vocab, beam=beam,
+                                          batch_size=2, compile=True)
+    for (tokens, attention), (tokens_c, attention_c) in zip(eager, compiled, strict=True):
+        assert tokens == tokens_c
+        np.testing.assert_array_equal(attention, attention_c)
+    assert ta.models.decode(model, SOURCES, info.src_vocab, info.tgt_vocab, beam=beam, compile=True) == \
+        [tokens for tokens, _ in eager]
+    best = ta.models.translate_tokens(model, SOURCES, info.src_vocab, info.tgt_vocab, beam=3, n_best=2)
+    best_c = ta.models.translate_tokens(model, SOURCES, info.src_vocab, info.tgt_vocab, beam=3, n_best=2,
+                                        compile=True)
+    assert [[(t, h.tokens, h.score, h.log_prob) for t, h in b] for b in best] == \
+        [[(t, h.tokens, h.score, h.log_prob) for t, h in b] for b in best_c]
+    stats = SEQ2SEQ_COMPILED[model].stats
+    assert stats.replays > 0 and stats.eager_calls == 0
+
+
+class _EagerOnly(ta.models.Seq2Seq):
+    """A model whose ``greedy`` takes no ``compile``: what the refusals look for."""
+
+    def greedy(self, src, max_len=50, min_length=0, no_repeat_ngram_size=0, hypotheses=False):
+        return super().greedy(src, max_len, min_length, no_repeat_ngram_size, hypotheses)
+
+
+def test_compile_refused_for_a_model_whose_decoding_does_not_compile(seq2seq_checkpoint):
+    import argparse
+
+    from tinygrad_attn.cli.common import UsageError, compile_options
+
+    model, info = ta.models.load_checkpoint(seq2seq_checkpoint)
+    eager_only = _EagerOnly(**model.config)
+    assert compile_options(argparse.Namespace(compile=True), model) == {"compile": True}
+    assert compile_options(argparse.Namespace(compile=False), eager_only) == {}
+    with pytest.raises(UsageError, match="_EagerOnly, which decodes eagerly"):
+        compile_options(argparse.Namespace(compile=True), eager_only)
     with pytest.raises(ValueError, match="compile=True needs a model whose decoding compiles"):
-        ta.models.decode(model, SOURCES, info.src_vocab, info.tgt_vocab, compile=True)
+        ta.models.decode(eager_only, SOURCES, info.src_vocab, info.tgt_vocab, compile=True)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import tinygrad_attn as ta
 from tinygrad_attn.compiler import get_backend
-from tinygrad_attn.models.transformer import _COMPILED
+from tinygrad_attn.models.decoding import _COMPILED_STEPS as _COMPILED
 
 
 def model(dtype: str = "float32", norm_first: bool = False, positions: str = "sinusoidal",
@@ -300,3 +300,20 @@ def test_cuda_compiled_beam_search_equals_eager_on_the_device():
         for a, b in zip(a_best, b_best, strict=True):
             assert a.tokens == b.tokens and a.score == b.score
             np.testing.assert_array_equal(a.attention, b.attention)
+
+
+def test_a_model_that_decoded_compiled_is_freed():
+    """The per-model compiled step reaches its model weakly: a model dropped after a compiled
+    decode is collected (a bound method kept in the weak-keyed table held it forever)."""
+    import gc
+    import weakref
+
+    model = ta.models.Transformer(10, 10, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                                  dim_feedforward=8).eval()
+    model.greedy(np.array([[4, 5, 6]]), max_len=3, compile=True)
+    seq2seq = ta.models.Seq2Seq(10, 10, embed=4, hidden=6).eval()
+    seq2seq.greedy(np.array([[4, 5, 6]]), max_len=3, compile=True)
+    refs = [weakref.ref(model), weakref.ref(seq2seq)]
+    del model, seq2seq
+    gc.collect()
+    assert [r() for r in refs] == [None, None]

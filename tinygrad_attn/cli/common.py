@@ -4,6 +4,7 @@ model and thread options, checkpoints and sources read from the user."""
 from __future__ import annotations
 
 import argparse
+import inspect
 import math
 import os
 import stat
@@ -106,17 +107,18 @@ def beam_options(args) -> dict:
 
 def add_compile(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", action="store_true",
-                        help="replay every decoding step as a compiled plan (ta.compile; a Transformer "
-                             "checkpoint): the same outputs, faster")
+                        help="replay every decoding step as a compiled plan (ta.compile): the same "
+                             "outputs, faster")
 
 
 def compile_options(args, model) -> dict:
     """``--compile`` as a keyword argument of the decoders, refused for a model whose decoding
-    does not compile (a usage error, before any work)."""
+    does not compile (a usage error, before any work): the check ``ta.models.evaluate`` makes,
+    a ``greedy`` that takes ``compile`` (the Transformer's and the Seq2Seq's)."""
     if not args.compile:
         return {}
-    if not isinstance(model, ta.models.Transformer):
-        raise UsageError(f"--compile decodes a Transformer checkpoint; this one holds a "
+    if "compile" not in inspect.signature(model.greedy).parameters:
+        raise UsageError(f"--compile decodes a checkpoint whose decoding compiles; this one holds a "
                          f"{type(model).__name__}, which decodes eagerly (leave --compile out)")
     return {"compile": True}
 

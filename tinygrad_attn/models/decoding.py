@@ -43,6 +43,7 @@ source's ``n_best`` best finished ones (``_bound`` says why the bound is safe).
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -588,3 +589,25 @@ def _limits(model, where: str, src: np.ndarray, max_len, min_length, ngram) -> n
                          f"{name}={asked[row]}")
     cap = getattr(model, "max_tgt_len", None)
     return asked if cap is None else np.minimum(asked, cap)
+
+
+# Per model: its compiled decode step, so plans outlive one decode.
+_COMPILED_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def compiled_step(model, method: str):
+    """``model.<method>`` (a decode step of tensors alone) under ``ta.compile``, one per model.
+    The compiled function reaches the model through a weak reference: a bound method held as
+    the value of this weak-keyed table would keep every model that ever decoded alive."""
+    step = _COMPILED_STEPS.get(model)
+    if step is None:
+        from ..compiled import compile as ta_compile
+
+        owner, function = weakref.ref(model), getattr(type(model), method)
+
+        def decode_step(*tensors):
+            return function(owner(), *tensors)
+
+        decode_step.__name__ = decode_step.__qualname__ = f"{type(model).__name__}_decode_step"
+        step = _COMPILED_STEPS[model] = ta_compile(decode_step)
+    return step

@@ -66,8 +66,8 @@ def _translate(model, sources, src_vocab, tgt_vocab, max_len, beam, batch_size, 
     lengths = [len(source) for source in sources]
     check_source_lengths(model, lengths, where)
     if compile and "compile" not in inspect.signature(model.greedy).parameters:
-        raise ValueError(f"{where}: compile=True needs a model whose decoding compiles (a Transformer); "
-                         f"{type(model).__name__} decodes eagerly")
+        raise ValueError(f"{where}: compile=True needs a model whose decoding compiles (a Transformer or a "
+                         f"Seq2Seq); {type(model).__name__} decodes eagerly")
     compiled = {"compile": True} if compile else {}
     order = sorted(range(len(sources)), key=lambda index: lengths[index])
     results: list = [None] * len(sources)

@@ -30,6 +30,7 @@ one call for every step).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +38,7 @@ import numpy as np
 from .. import nn, scopes
 from ..arguments import check_flag, check_int, check_number
 from ..autograd import ShapeError, scope
-from ..functional import cross_entropy
+from ..functional import cross_entropy, embedding
 from ..tensor import Tensor, cat
 from . import decoding
 from .twin import TorchTwin
@@ -294,38 +295,80 @@ class Seq2Seq(TorchTwin, nn.Module):
             context, weights = self._attend(top, memory)                          # s_i scores
         return top, context, weights, states
 
-    def _log_probs(self, top: Tensor, context: Tensor | None) -> np.ndarray:
-        """One decoding step's log-probabilities (B, V), float64, from (B, 1, ...) pieces: the
-        model's own log-softmax over the whole vocabulary, as teacher forcing gives it."""
+    def _decode_tensors(self, tokens: Tensor, keys: Tensor | None, keys_proj: Tensor | None,
+                        key_mask: Tensor, *flat: Tensor):
+        """One decoding step as a function of tensors alone (what ``compile`` captures): the
+        previous ids (N, 1), the memory's keys (N, S, K) and projected keys (N, S, d_a) (None
+        where the model has none), its mask (N, 1, S), and the decoder's states flattened
+        (``_flat``) -> (logits (N, 1, V), weights (N, 1, S) or None, *the new states
+        flattened).  The output layer reads s_i (no attention), [s_i; c_i] (Bahdanau) or
+        tanh(W_c [c_i; h_i]) (Luong)."""
+        memory = Memory(keys, keys_proj, None, key_mask, [])
+        top, context, weights, states = self._step(tokens, self._unflat(flat), memory)
         feature = top if context is None else self._readout(top, context)
-        return decoding.log_softmax(self.out(feature)[:, 0].numpy())                # (B, V)
+        return (self.out(feature), weights, *_flat(states))
+
+    def _unflat(self, flat) -> list:
+        """``_flat``'s inverse: one state per layer, (h, c) pairs for an LSTM."""
+        if self.cell == "lstm":
+            return [(flat[k], flat[k + 1]) for k in range(0, len(flat), 2)]
+        return list(flat)
 
     # ------------------------------------------------------------ decoding
 
-    def decode_start(self, src: np.ndarray) -> _Decoding:
+    def decode_start(self, src: np.ndarray, compile: bool = False,  # noqa: A002
+                     max_rows: int | None = None) -> _Decoding:
         """The decoding state of ``src`` (B, S): the memory and the decoder's states
-        (``ta.models.decoding``'s protocol)."""
+        (``ta.models.decoding``'s protocol).
+
+        ``compile``: each step replays one ``ta.compile`` plan of ``_decode_tensors`` (the
+        embedding, attention, the cells and the output layer), captured once per row count and
+        source width; its results are the eager step's, bit for bit.  ``max_rows`` (beam
+        search: B * beam): the state keeps that many rows at every step, whatever
+        ``decode_select`` keeps (rows past the live ones are padding, copies of row 0, whose
+        outputs are dropped), so every step has one shape."""
         memory = self.encode(src)
-        return _Decoding(memory, memory.states, np.arange(src.shape[0]))
+        batch = src.shape[0]
+        step = decoding.compiled_step(self, "_decode_tensors") if compile else self._decode_tensors
+        state = _Decoding(memory, memory.states, np.arange(batch), step)
+        if max_rows is not None:
+            state.capacity = batch                           # what the select below gathers from
+            state = self.decode_select(state, np.arange(batch), capacity=max(int(max_rows), batch))
+        return state
 
     def decode_step(self, state: _Decoding, tokens: np.ndarray, t: int):
         """One decoder step from the previous ids (N,): (the model's log-probabilities (N, V)
         float64, attention (N, S) or None, the next state)."""
+        memory, count = state.memory, len(tokens)
+        if state.capacity is not None and state.capacity > count:          # the padding rows' token
+            tokens = np.concatenate([tokens, np.full(state.capacity - count, PAD, dtype=np.int64)])
         with scope(scopes.DECODER), scope(scopes.step(t)):
-            top, context, weight, states = self._step(tokens[:, None], state.states, state.memory)
-            log_probs = self._log_probs(top, context)                                # (N, V)
-        attention = None if weight is None else weight.numpy()[:, 0]                # (N, S)
-        return log_probs, attention, _Decoding(state.memory, states, state.source)
+            ids = Tensor(tokens[:, None], device=self.out.weight.device)
+            logits, weights, *flat = state.step(ids, memory.keys, memory.keys_proj, memory.key_mask,
+                                                *_flat(state.states))
+        log_probs = decoding.log_softmax(logits.numpy()[:count, 0])                   # (N, V)
+        attention = None if weights is None else weights.numpy()[:count, 0]           # (N, S)
+        return log_probs, attention, _Decoding(memory, self._unflat(flat), state.source, state.step,
+                                               state.capacity)
 
-    def decode_select(self, state: _Decoding, rows: np.ndarray) -> _Decoding:
-        source = state.source[rows]
+    def decode_select(self, state: _Decoding, rows: np.ndarray, capacity: int | None = None) -> _Decoding:
+        """The rows ``rows`` of a state, gathered on the device (``_take_rows``).  A state of
+        fixed capacity (``decode_start``'s ``max_rows``) stays that many rows: the index is
+        ``rows`` followed by 0s, so the padding rows copy row 0 (finite values, never read)."""
+        capacity = state.capacity if capacity is None else capacity
+        rows = np.asarray(rows, dtype=np.int64)
+        index = rows if capacity is None else np.concatenate([rows, np.zeros(capacity - len(rows), np.int64)])
+        picks = Tensor(index, device=self.out.weight.device)
+        source = state.source[index]
         # A beam's survivors mostly keep their sources' rows: the memory is copied only when
         # the rows' sources change (the first step's fan-out, a finished source leaving).
-        memory = state.memory if np.array_equal(source, state.source) else _memory_rows(state.memory, rows)
-        return _Decoding(memory, [_select(s, rows) for s in state.states], source)
+        same = np.array_equal(source, state.source)
+        memory = state.memory if same else _memory_rows(state.memory, index, picks)
+        states = self._unflat([_take_rows(x, picks) for x in _flat(state.states)])
+        return _Decoding(memory, states, source, state.step, capacity)
 
     def greedy(self, src, max_len: decoding.MaxLen = 50, min_length: int = 0, no_repeat_ngram_size: int = 0,
-               hypotheses: bool = False):
+               hypotheses: bool = False, compile: bool = False):  # noqa: A002
         """Decode by taking the most likely token at every step.
 
         Args:
@@ -333,6 +376,9 @@ class Seq2Seq(TorchTwin, nn.Module):
             min_length: the fewest tokens before ``<end>``.  no_repeat_ngram_size: n > 0
                 forbids producing any n-gram twice.  hypotheses: return one
                 ``ta.models.Hypothesis`` per source (tokens, log_prob, attention) instead.
+            compile: every step replays one ``ta.compile`` plan of the decoder step (captured
+                once per batch size and source width): the same ids, attention and
+                log-probabilities as without, bit for bit.
 
         Returns:
             (ids (B, L) int64: each row the tokens up to and including ``<end>``, then 0 (a
@@ -349,25 +395,31 @@ class Seq2Seq(TorchTwin, nn.Module):
         nothing to read, the same output for every such row.
         """
         return decoding.greedy(self, _ids(src, "src", "Seq2Seq", empty=True), max_len, min_length,
-                               no_repeat_ngram_size, hypotheses)
+                               no_repeat_ngram_size, hypotheses, compile=compile)
 
     def sample(self, src, max_len: decoding.MaxLen = 50, temperature: float = 1.0, top_k: int = 0,
                top_p: float = 1.0, seed=None, min_length: int = 0, no_repeat_ngram_size: int = 0,
-               hypotheses: bool = False):
+               hypotheses: bool = False, compile: bool = False):  # noqa: A002
         """Draw every output token from the model's distribution (``ta.models.decoding.sample``:
-        temperature, top-k, top-p, a seed); ``max_len`` and sources as ``greedy``'s; returns
-        what ``greedy`` returns."""
+        temperature, top-k, top-p, a seed); ``max_len``, sources and ``compile`` as ``greedy``'s;
+        returns what ``greedy`` returns."""
         src = _ids(src, "src", "Seq2Seq", empty=True)
         return decoding.sample(self, src, max_len, temperature, top_k, top_p, seed, min_length,
-                               no_repeat_ngram_size, hypotheses)
+                               no_repeat_ngram_size, hypotheses, compile=compile)
 
     def beam_search(self, src, beam: int = 5, max_len: decoding.MaxLen = 50, length_penalty: float = 1.0,
                     coverage_penalty: float = 0.0, min_length: int = 0, no_repeat_ngram_size: int = 0,
-                    n_best: int | None = None):
+                    n_best: int | None = None, compile: bool = False):  # noqa: A002
         """Batched beam search (``ta.models.decoding.beam_search``): Wu et al. (2016)'s length
         and coverage penalties, exact stopping; a beam of one is greedy decoding (with
         ``length_penalty=0``).  ``coverage_penalty`` needs attention.  ``max_len`` and sources
         as ``greedy``'s.
+
+        The decode keeps B * beam rows at every step, whatever the number of live hypotheses
+        (a finished one's row is carried as padding, its output dropped), and picks the
+        survivors with a row gather on the device, the rows an index Tensor; so with
+        ``compile`` one plan serves the search, and ids, scores, n-best and attention are
+        eager's, bit for bit.
 
         Returns:
             (ids (B, L) int64, weights (B, L, S) or None) of each source's best hypothesis,
@@ -378,17 +430,20 @@ class Seq2Seq(TorchTwin, nn.Module):
             raise ValueError("beam_search: coverage_penalty needs a model with attention")
         src = _ids(src, "src", "Seq2Seq", empty=True)
         return decoding.beam_search(self, src, beam, max_len, length_penalty, coverage_penalty, min_length,
-                                    no_repeat_ngram_size, n_best)
+                                    no_repeat_ngram_size, n_best, compile=compile)
 
 
 @dataclass
 class _Decoding:
-    """A decode of N rows: the memory of each row's source (N rows), the decoder's states, and
-    which source each row decodes (N,)."""
+    """A decode of N rows: the memory of each row's source (N rows), the decoder's states,
+    which source each row decodes (N,), and the step function (``_decode_tensors``, or its
+    compiled plan)."""
 
     memory: Memory
     states: list
     source: np.ndarray
+    step: object = None
+    capacity: int | None = None  # rows the device tensors keep (None: exactly the live rows)
 
 
 # ---------------------------------------------------------------- helpers
@@ -432,17 +487,33 @@ def _batch_ids(x, what: str, where: str, device: str, empty: bool = False) -> np
     return x.astype(np.int64)
 
 
-def _memory_rows(memory: Memory, rows: np.ndarray) -> Memory:
-    """Rows ``rows`` of a memory, its initial states included (no gradient: decoding)."""
+def _memory_rows(memory: Memory, index: np.ndarray, picks: Tensor) -> Memory:
+    """Rows ``index`` of a decoding memory, gathered on the device (``picks``: the same index
+    as a Tensor); the mask is taken on the host and the attention's (N, 1, S) copy made from it.
+    The initial states are left out: a decode reads them once, at its start."""
+    mask = memory.mask[index]
+
     def take(x):
-        return None if x is None else Tensor(x.numpy()[rows], dtype=x.dtype, device=x.device)
+        return None if x is None else _take_rows(x, picks)
 
-    return Memory(take(memory.keys), take(memory.keys_proj), memory.mask[rows], take(memory.key_mask),
-                  [_select(state, rows) for state in memory.states])
+    key_mask = Tensor(mask[:, None, :], device=memory.key_mask.device)
+    return Memory(take(memory.keys), take(memory.keys_proj), mask, key_mask, [])
 
 
-def _select(state, index: np.ndarray):
-    """Rows ``index`` of a decoder state (h, or (h, c))."""
-    if isinstance(state, tuple):
-        return tuple(_select(s, index) for s in state)
-    return Tensor(state.numpy()[index], dtype=state.dtype, device=state.device)
+def _flat(states: list) -> list:
+    """The decoder's per-layer states as one list of Tensors: h per layer, or h, c per layer
+    for an LSTM (``Seq2Seq._unflat`` inverts it)."""
+    flat = []
+    for state in states:
+        flat.extend(state if isinstance(state, tuple) else (state,))
+    return flat
+
+
+def _take_rows(x: Tensor, rows: Tensor) -> Tensor:
+    """x[rows] along the first axis, rows (M,) int64 on the device: the embedding kernel on x
+    seen as a (N, rest) table, so the index is an input and no host copy is made (the
+    Transformer's row gather; this module cannot import it, the Transformer imports this)."""
+    table = x.reshape(x.shape[0], math.prod(x.shape[1:]))
+    return embedding(rows, table).reshape((rows.shape[0],) + tuple(x.shape[1:]))
+
+

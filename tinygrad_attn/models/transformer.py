@@ -313,7 +313,7 @@ class Transformer(TorchTwin, nn.Module):
         length = self.max_len if max_steps is None else max(1, min(int(max_steps), self.max_len))
         caches = [layer.start_cache(memory, length) for layer in self.transformer.decoder.layers] \
             if use_cache else []
-        step = _compiled_step(self) if compile else self._step
+        step = decoding.compiled_step(self, "_step") if compile else self._step
         batch = src.shape[0]
         state = _State(memory, mask, Tensor(mask[:, None, None, :], device=memory.device), caches,
                        np.full((batch, 0), START, dtype=np.int64), use_cache, np.arange(batch), step)
@@ -453,17 +453,6 @@ class Transformer(TorchTwin, nn.Module):
 CACHE = "cache"
 # Per model: the sinusoid table as a Tensor, per (dtype, device) (a constant a plan reads).
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# Per model: its compiled decode step (one per model, so plans outlive a decode).
-_COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _compiled_step(model: Transformer):
-    step = _COMPILED.get(model)
-    if step is None:
-        from ..compiled import compile as ta_compile
-
-        step = _COMPILED[model] = ta_compile(model._step)
-    return step
 
 
 def _take_rows(x: Tensor, rows: Tensor) -> Tensor:
