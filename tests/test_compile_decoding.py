@@ -204,7 +204,7 @@ def test_cuda_compiled_greedy_equals_eager_on_the_device():
 @given(shape=st.lists(st.integers(0, 4), min_size=1, max_size=3).map(tuple),
        picks=st.lists(st.integers(0, 5), min_size=1, max_size=9))
 def test_take_rows_is_numpy_fancy_indexing_on_every_host_device(shape, picks):
-    from tinygrad_attn.models.transformer import _take_rows
+    from tinygrad_attn.models.decoding import take_rows as _take_rows
 
     x = np.random.default_rng(len(picks)).normal(size=(6,) + shape)
     rows = np.array(picks, dtype=np.int64)

@@ -43,6 +43,7 @@ source's ``n_best`` best finished ones (``_bound`` says why the bound is safe).
 from __future__ import annotations
 
 import inspect
+import math
 import weakref
 from collections.abc import Sequence
 from contextlib import contextmanager
@@ -611,3 +612,23 @@ def compiled_step(model, method: str):
         decode_step.__name__ = decode_step.__qualname__ = f"{type(model).__name__}_decode_step"
         step = _COMPILED_STEPS[model] = ta_compile(decode_step)
     return step
+
+
+def row_index(rows, capacity: int | None) -> np.ndarray:
+    """The int64 index that picks ``rows`` of a decode state, padded with 0s up to
+    ``capacity`` (a state of fixed row count: the padding rows copy row 0, finite values
+    that are never read)."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if capacity is None:
+        return rows
+    return np.concatenate([rows, np.zeros(capacity - len(rows), np.int64)])
+
+
+def take_rows(x, rows):
+    """``x[rows]`` along the first axis, ``rows`` (M,) int64 a Tensor on ``x``'s device: the
+    embedding kernel on ``x`` seen as a (N, rest) table, so the index is an input of a
+    compiled step and nothing is copied through the host."""
+    from ..functional import embedding
+
+    table = x.reshape(x.shape[0], math.prod(x.shape[1:]))
+    return embedding(rows, table).reshape((rows.shape[0],) + tuple(x.shape[1:]))

@@ -30,7 +30,6 @@ one call for every step).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +37,7 @@ import numpy as np
 from .. import nn, scopes
 from ..arguments import check_flag, check_int, check_number
 from ..autograd import ShapeError, scope
-from ..functional import cross_entropy, embedding
+from ..functional import cross_entropy
 from ..tensor import Tensor, cat
 from . import decoding
 from .twin import TorchTwin
@@ -352,19 +351,18 @@ class Seq2Seq(TorchTwin, nn.Module):
                                                state.capacity)
 
     def decode_select(self, state: _Decoding, rows: np.ndarray, capacity: int | None = None) -> _Decoding:
-        """The rows ``rows`` of a state, gathered on the device (``_take_rows``).  A state of
+        """The rows ``rows`` of a state, gathered on the device (``decoding.take_rows``).  A state of
         fixed capacity (``decode_start``'s ``max_rows``) stays that many rows: the index is
         ``rows`` followed by 0s, so the padding rows copy row 0 (finite values, never read)."""
         capacity = state.capacity if capacity is None else capacity
-        rows = np.asarray(rows, dtype=np.int64)
-        index = rows if capacity is None else np.concatenate([rows, np.zeros(capacity - len(rows), np.int64)])
+        index = decoding.row_index(rows, capacity)
         picks = Tensor(index, device=self.out.weight.device)
         source = state.source[index]
         # A beam's survivors mostly keep their sources' rows: the memory is copied only when
         # the rows' sources change (the first step's fan-out, a finished source leaving).
         same = np.array_equal(source, state.source)
         memory = state.memory if same else _memory_rows(state.memory, index, picks)
-        states = self._unflat([_take_rows(x, picks) for x in _flat(state.states)])
+        states = self._unflat([decoding.take_rows(x, picks) for x in _flat(state.states)])
         return _Decoding(memory, states, source, state.step, capacity)
 
     def greedy(self, src, max_len: decoding.MaxLen = 50, min_length: int = 0, no_repeat_ngram_size: int = 0,
@@ -494,7 +492,7 @@ def _memory_rows(memory: Memory, index: np.ndarray, picks: Tensor) -> Memory:
     mask = memory.mask[index]
 
     def take(x):
-        return None if x is None else _take_rows(x, picks)
+        return None if x is None else decoding.take_rows(x, picks)
 
     key_mask = Tensor(mask[:, None, :], device=memory.key_mask.device)
     return Memory(take(memory.keys), take(memory.keys_proj), mask, key_mask, [])
@@ -507,13 +505,5 @@ def _flat(states: list) -> list:
     for state in states:
         flat.extend(state if isinstance(state, tuple) else (state,))
     return flat
-
-
-def _take_rows(x: Tensor, rows: Tensor) -> Tensor:
-    """x[rows] along the first axis, rows (M,) int64 on the device: the embedding kernel on x
-    seen as a (N, rest) table, so the index is an input and no host copy is made (the
-    Transformer's row gather; this module cannot import it, the Transformer imports this)."""
-    table = x.reshape(x.shape[0], math.prod(x.shape[1:]))
-    return embedding(rows, table).reshape((rows.shape[0],) + tuple(x.shape[1:]))
 
 

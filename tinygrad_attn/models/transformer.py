@@ -354,17 +354,16 @@ class Transformer(TorchTwin, nn.Module):
         return log_probs, attention, replace(state, prefix=prefix)
 
     def decode_select(self, state: _State, rows: np.ndarray, capacity: int | None = None) -> _State:
-        """The rows ``rows`` of a state, gathered on the device (``_take_rows``).  A state of
+        """The rows ``rows`` of a state, gathered on the device (``decoding.take_rows``).  A state of
         fixed capacity (``decode_start``'s ``max_rows``) stays that many rows: the index is
         ``rows`` followed by 0s, so the padding rows copy row 0 (finite values, never read)."""
         capacity = state.capacity if capacity is None else capacity
-        rows = np.asarray(rows, dtype=np.int64)
-        index = rows if capacity is None else np.concatenate([rows, np.zeros(capacity - len(rows), np.int64)])
+        index = decoding.row_index(rows, capacity)
         device = state.memory.device
         picks = Tensor(index, device=device)
 
         def take(x):
-            return None if x is None else _take_rows(x, picks)
+            return None if x is None else decoding.take_rows(x, picks)
 
         source = state.source[index]
         # The memory and its projected keys and values depend on the source only: copied only
@@ -453,13 +452,6 @@ class Transformer(TorchTwin, nn.Module):
 CACHE = "cache"
 # Per model: the sinusoid table as a Tensor, per (dtype, device) (a constant a plan reads).
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _take_rows(x: Tensor, rows: Tensor) -> Tensor:
-    """x[rows] along the first axis, rows (M,) int64 on the device: the embedding kernel on x
-    seen as a (N, rest) table, so the index is an input and no host copy is made."""
-    table = x.reshape(x.shape[0], math.prod(x.shape[1:]))
-    return F.embedding(rows, table).reshape((rows.shape[0],) + tuple(x.shape[1:]))
 
 
 def memory_keys(mha: nn.MultiHeadAttention, memory: Tensor, cache: dict) -> tuple[Tensor, Tensor]:
