@@ -4,6 +4,8 @@ backward and an Adam update, against the same model in PyTorch eager, float32.
     ta [cpu]      ta.models.Seq2Seq(cell="gru", attention="additive", style="bahdanau") with
                   ta.optim.Adam, on the default device
     ta [numpy]    the same on the numpy reference device (no compiled kernels)
+    ta compiled   the cpu step under ta.compile (ids as Tensors: masks are kernels, every
+                  step masked), replayed; checked bit for bit against an eager twin first
     torch         the same model written the usual PyTorch way: nn.GRU runs the encoder in
                   one call (its time loop is in C++), a GRUCell and the additive score run
                   the decoder step by step, torch.optim.Adam; the same weights
@@ -96,6 +98,27 @@ class TorchSeq2Seq(torch.nn.Module if torch else object):
                                                  ignore_index=0)
 
 
+def compiled_step(hidden: int, size: int):
+    """The cpu step under ``ta.compile`` (one capture for the first call's None gradients, one
+    after), and whether three of its steps leave the weights an eager twin's three leave."""
+    models = []
+    for _ in range(2):
+        ta.manual_seed(0)
+        model = ta.models.Seq2Seq(VOCAB, VOCAB, embed=EMBED, hidden=hidden, cell="gru", attention="additive",
+                                  style="bahdanau")
+        models.append((model, ta.optim.Adam(model.parameters(), lr=1e-3)))
+    ids = [ta.Tensor(a) for a in batch(size, 1)]
+    (model, optimizer), (twin, twin_optimizer) = models
+    step = ta.compile(lambda *tensors: training_step(model, optimizer, *tensors)())
+    eager = training_step(twin, twin_optimizer, *ids)
+    for _ in range(3):
+        step(*ids)
+        eager()
+    same = all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(model.parameters(), twin.parameters(),
+                                                                     strict=True))
+    return same, lambda: step(*ids)
+
+
 def torch_step(model, hidden: int, size: int):
     twin = TorchSeq2Seq(hidden)
     twin.load_engine(model)
@@ -115,12 +138,15 @@ def main(argv=None) -> None:
     if torch is None:
         print("# torch is not installed: the engine is timed alone")
     since = cpu_seconds()
-    print(f"{'hidden':>6} {'batch':>5} | {'ta [cpu] ms':>11} {'ta [numpy] ms':>13} {'torch ms':>9} | "
-          f"{'cpu/torch':>9} {'nodes':>5}")
+    print(f"{'hidden':>6} {'batch':>5} | {'ta [cpu] ms':>11} {'ta [numpy] ms':>13} {'compiled ms':>11} "
+          f"{'torch ms':>9} | {'cpu/torch':>9} {'compiled/torch':>14} {'nodes':>5}")
     for hidden, size in SIZES:
         model, ours = engine_step(hidden, size, "cpu")
         _, reference = engine_step(hidden, size, "numpy")
-        contenders = {"cpu": ours, "numpy": reference}
+        same, compiled = compiled_step(hidden, size)
+        if not same:
+            sys.exit("the compiled step's weights differ from an eager twin's")
+        contenders = {"cpu": ours, "numpy": reference, "compiled": compiled}
         graph = ta.autograd.toposort(model.loss(*batch(size, 1)))
         nodes = sum(t.node is not None for t in graph)            # ops, not parameters
         if torch is not None:
@@ -134,9 +160,10 @@ def main(argv=None) -> None:
         med = {name: statistics.median(ts) for name, ts in times.items()}
         torch_ms = med.get("torch")
         ratio = f"{med['cpu'] / torch_ms:9.2f}" if torch_ms else f"{'-':>9}"
+        compiled_ratio = f"{med['compiled'] / torch_ms:14.2f}" if torch_ms else f"{'-':>14}"
         torch_text = f"{torch_ms:9.2f}" if torch_ms else f"{'-':>9}"
-        print(f"{hidden:>6} {size:>5} | {med['cpu']:11.2f} {med['numpy']:13.2f} {torch_text} | "
-              f"{ratio} {nodes:>5}")
+        print(f"{hidden:>6} {size:>5} | {med['cpu']:11.2f} {med['numpy']:13.2f} {med['compiled']:11.2f} "
+              f"{torch_text} | {ratio} {compiled_ratio} {nodes:>5}")
     others_note(since, "during the run")
 
 
