@@ -1,6 +1,7 @@
 """ta.set_num_threads: BLAS and Numba's pool both follow it (in a child process, so the
 setting does not leak into the other tests)."""
 
+import os
 import subprocess
 import sys
 
@@ -92,3 +93,55 @@ def test_importing_the_engine_loads_no_numba_and_starts_no_thread_pool():
               "m.startswith('tinygrad_attn.compiler.cpu')))")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+SPLIT_SCRIPT = """
+import os
+import numpy as np
+import tinygrad_attn as ta
+from tinygrad_attn.compiler import reference
+from tinygrad_attn.compiler.cpu import attention
+ta.set_num_threads(2)
+tasks = lambda: set(os.listdir("/proc/self/task"))
+rng = np.random.default_rng(0)
+a = rng.random((512, 512))
+seen = []
+for shape in [(32, 20, 4, 32), (2, 256, 4, 32)]:       # small heads (batched), then blocked
+    q, k, v, do = (rng.standard_normal(shape) for _ in range(4))
+    seen.append(attention._small_split(q, k))
+    o, lse = attention.sdpa(q, k, v, None, 0.2, True)  # the split's own pool started
+    a @ a                                              # OpenBLAS's worker (re)started
+    before = tasks()
+    o, lse = attention.sdpa(q, k, v, None, 0.2, True)
+    got = (o, lse) + attention.sdpa_back(q, k, v, o, lse, do, None, 0.2, True)
+    seen.append(len(before - tasks()))                 # threads gone: a stopped worker, restarted
+    want = reference.sdpa(q, k, v, None, 0.2, True)
+    want = want + reference.sdpa_back(q, k, v, *want, do, None, 0.2, True)
+    seen.append(all(np.allclose(x, y, rtol=1e-12, atol=1e-12) for x, y in zip(got, want, strict=True)))
+print(*seen)
+"""
+
+
+THREADED_SCRIPT = """
+import numpy  # noqa: F401 - loads OpenBLAS
+from threadpoolctl import threadpool_info
+print(any(p["internal_api"] == "openblas" and p["threading_layer"] == "pthreads" and p["num_threads"] > 1
+          for p in threadpool_info()))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts threads in /proc")
+def test_short_attention_splits_keep_blas_worker_and_long_ones_stop_it():
+    # Stopping OpenBLAS's idle worker at every short split made the next product start a new
+    # one, which after a pause cost a Transformer step 3-4x its warm time (bench/idle.py):
+    # the batched small-head path leaves the worker alone; the blocked kernel still stops it.
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="2", NUMBA_NUM_THREADS="2")
+    out = subprocess.run([sys.executable, "-c", SPLIT_SCRIPT], capture_output=True, text=True, check=True,
+                         env=env)
+    threaded = subprocess.run([sys.executable, "-c", THREADED_SCRIPT], capture_output=True, text=True,
+                              check=True, env=env).stdout.strip() == "True"
+    small_split, small_change, small_close, blocked_split, blocked_change, blocked_close = out.stdout.split()
+    assert small_close == blocked_close == "True"          # both paths still match the reference
+    assert small_split == "True"                           # the small heads were shared out
+    assert int(small_change) == 0                          # OpenBLAS's worker kept
+    assert int(blocked_change) == (1 if threaded else 0)   # stopped, started anew
