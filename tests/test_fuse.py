@@ -17,22 +17,19 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tinygrad_attn as ta
-from tinygrad_attn import compiled as compiled_module
 from tinygrad_attn import functional as F
 from tinygrad_attn.autograd import registry
 from tinygrad_attn.compiler import available_devices, formulas, get_backend
 from tinygrad_attn.compiler import fuse as fusing
 from tinygrad_attn.compiler.capture import Recorder
-from tinygrad_attn.compiler.plan import build_plan
 
 TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
 
 
 @pytest.fixture
-def fusing_compile(monkeypatch):
-    """ta.compile with fusion on (what tinygrad_attn/compiled.py passes as build_plan's fuse)."""
-    monkeypatch.setattr(compiled_module, "build_plan", functools.partial(build_plan, fuse=True))
-    return ta.compile
+def fusing_compile():
+    """ta.compile with fusion on."""
+    return functools.partial(ta.compile, fuse=True)
 
 
 def _close(got, want, dtype):
@@ -94,7 +91,6 @@ def test_tiny_forward_and_backward_fuse_and_equal_eager(fusing_compile, monkeypa
     # The forward a*b + a, and the backward chain mul_back_a -> add (da = b*dy + dy).
     assert len(fused) == 2, step.source
     assert "mul(" not in step.source and "= add(" not in step.source
-    monkeypatch.setattr(compiled_module, "build_plan", build_plan)
     unfused = ta.compile(_loss(lambda a, b: a * b + a))
     unfused(*[ta.Tensor(x, dtype=dtype, requires_grad=True) for x in (a, b)])
     assert step.plans[0].calls < unfused.plans[0].calls
@@ -297,7 +293,6 @@ def test_the_disk_cache_serves_a_second_process(tmp_path):
         derived = []
         original = formulas.derive
         formulas.derive = lambda f: derived.append(f.name) or original(f)
-        compiled.build_plan = functools.partial(build_plan, fuse=True)
 
         def step(a, b):
             loss = ((a * b + a).tanh() * b).sum()
@@ -306,7 +301,7 @@ def test_the_disk_cache_serves_a_second_process(tmp_path):
 
         a = ta.Tensor(np.linspace(-1, 1, 5), requires_grad=True)
         b = ta.Tensor(np.linspace(0, 2, 5), requires_grad=True)
-        f = ta.compile(step)
+        f = ta.compile(step, fuse=True)
         f(a, b)
         print(sum(1 for name in derived if name.startswith("fused_")), f.source.count("= fused_"))
     """)

@@ -12,19 +12,16 @@ import sympy as sp
 import tinygrad_attn as ta
 from tests import optional
 from tests.test_viz_graph import cluster_members, clusters, drawn_edges, drawn_nodes, svg_of
-from tinygrad_attn import compiled as compiled_module
 from tinygrad_attn import viz
-from tinygrad_attn.compiler.plan import build_plan
 
 needs_dot = optional.needs_dot
 _CALL = re.compile(r"^    (?:[^=]+ = )?(\w+)\(")
 
 
 @pytest.fixture
-def fusing_compile(monkeypatch):
-    """ta.compile with fusion on (as tests/test_fuse.py turns it on)."""
-    monkeypatch.setattr(compiled_module, "build_plan", functools.partial(build_plan, fuse=True))
-    return ta.compile
+def fusing_compile():
+    """ta.compile with fusion on."""
+    return functools.partial(ta.compile, fuse=True)
 
 
 def _loss(fn):

@@ -350,9 +350,10 @@ class Compiled:
     """A compiled function: call it like ``fn``.  ``stats``, ``plans`` (each with
     ``source``), ``source`` (the latest plan's)."""
 
-    def __init__(self, fn, static=(), max_plans: int = 8):
+    def __init__(self, fn, static=(), max_plans: int = 8, fuse: bool = False):
         self.fn = fn
         self.max_plans = max_plans
+        self.fuse = fuse
         self.stats = CompileStats()
         self.enabled = os.environ.get("TINYGRAD_ATTN_COMPILE", "1") != "0"
         self._signature = inspect.signature(fn)
@@ -569,7 +570,7 @@ class Compiled:
                  f"grad {'on' if key[-2] else 'off'}")
         name = _identifier(f"{getattr(self.fn, '__name__', 'fn')}_plan_{number}")
         plan = build_plan(recorder, name=name, title=title, inputs=inputs, returns=returns,
-                          external_names=external_names, device=device, resolve=get_backend)
+                          external_names=external_names, device=device, resolve=get_backend, fuse=self.fuse)
         bound = [(owner, (("attr", "_data"),), recorder.arrays[index])
                  for index, owner in capture.owners.items()]
         unowned = [recorder.arrays[i] for i, kind in enumerate(recorder.kinds)
@@ -627,7 +628,7 @@ def _output_spec(capture: _Capture, result):
     return walk(result), slots
 
 
-def compile(fn=None, *, static=(), max_plans: int = 8):  # noqa: A001 - ta.compile, as torch.compile
+def compile(fn=None, *, static=(), max_plans: int = 8, fuse: bool = False):  # noqa: A001 - as torch.compile
     """Compile ``fn`` (Tensors and arrays in, Tensors out): the first call with a signature runs
     it eagerly and captures its kernel calls; later calls replay them.
 
@@ -637,6 +638,11 @@ def compile(fn=None, *, static=(), max_plans: int = 8):  # noqa: A001 - ta.compi
         static: parameter names (or positions) whose values key the plans (Python numbers,
             flags, objects); any other Python number argument is an error.
         max_plans: plans kept per function; beyond it new signatures run eagerly (warned once).
+        fuse: replace chains of elementwise kernels by one kernel generated from their composed
+            formulas (compiler/fuse.py; "cpu" and "cuda", equal to the unfused plan to float
+            rounding, checked by ``ta.check.fused``).  Off by default: forward and backward
+            chains fuse separately, and at small sizes one Numba call costs more than the numpy
+            calls it replaces.
 
     Returns:
         A ``Compiled`` callable with ``stats``, ``plans`` and ``source``.
@@ -646,6 +652,6 @@ def compile(fn=None, *, static=(), max_plans: int = 8):  # noqa: A001 - ta.compi
         >>> step(ta.Tensor([1.0, 2.0]), ta.Tensor([3.0, 4.0]))
     """
     if fn is None:
-        return lambda f: Compiled(f, static, max_plans)
-    return Compiled(fn, static, max_plans)
+        return lambda f: Compiled(f, static, max_plans, fuse)
+    return Compiled(fn, static, max_plans, fuse)
 
