@@ -32,7 +32,7 @@ import numpy as np
 from .capture import Call, Const, Recorder, Slot, View, slot_indices
 from .source import compile_source
 
-__all__ = ["Plan", "build_plan", "compile_source", "peepholes", "rebuild_view"]
+__all__ = ["Plan", "build_plan", "peepholes", "rebuild_view"]
 
 
 def rebuild_view(source, offset: int, shape: tuple, strides: tuple, dtype):

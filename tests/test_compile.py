@@ -207,19 +207,21 @@ def test_compile_cross_entropy_ignore_index_counts_each_call(device):
     _run_twins(_MLP, lambda m, x, y: F.cross_entropy(m(x), y, ignore_index=0), inputs, device)
 
 
+def train_step(model, optimizer, x, y):
+    """zero_grad, cross-entropy, backward, the update: a training step as users write it."""
+    optimizer.zero_grad()
+    loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_training_step_with_adam_equals_eager(device):
     rng = np.random.default_rng(7)
     data = [(rng.standard_normal((8, 6)), rng.integers(0, 4, 8)) for _ in range(10)]
     compiled_model, eager_model = _twin(_MLP, device)
     optimizers = [ta.optim.Adam(m.parameters(), lr=0.01) for m in (compiled_model, eager_model)]
-
-    def train_step(model, optimizer, x, y):
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-        return loss
 
     step = ta.compile(lambda x, y: train_step(compiled_model, optimizers[0], x, y))
     for k, (x, y) in enumerate(data):
@@ -447,13 +449,6 @@ def test_compile_optimizer_state_loaded_is_read_not_the_old_arrays(device):
     data = [(rng.standard_normal((8, 6)), rng.integers(0, 4, 8)) for _ in range(8)]
     compiled_model, eager_model = _twin(_MLP, device)
     optimizers = [ta.optim.Adam(m.parameters(), lr=0.01) for m in (compiled_model, eager_model)]
-
-    def train_step(model, optimizer, x, y):
-        optimizer.zero_grad()
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        optimizer.step()
-        return loss
 
     step = ta.compile(lambda x, y: train_step(compiled_model, optimizers[0], x, y))
     saved = None

@@ -290,16 +290,22 @@ def test_cuda_compiled_beam_search_equals_eager_on_the_device():
 
     if "cuda" not in available_devices():
         pytest.skip("no CUDA GPU here and NUMBA_ENABLE_CUDASIM is not set")
-    ta.manual_seed(0)
-    m = ta.models.Transformer(12, 12, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
-                              dim_feedforward=8, max_len=10).to("cuda")
+    def make():
+        ta.manual_seed(0)
+        return ta.models.Transformer(12, 12, d_model=8, nhead=2, num_encoder_layers=1, num_decoder_layers=1,
+                                     dim_feedforward=8, max_len=10).double()
+
+    m, host = make().to("cuda"), make()
     src = np.array([[4, 5, 6], [7, 8, 0]])
     eager = m.beam_search(src, beam=2, max_len=4, n_best=2)
     compiled = m.beam_search(src, beam=2, max_len=4, n_best=2, compile=True)
-    for a_best, b_best in zip(eager, compiled, strict=True):
-        for a, b in zip(a_best, b_best, strict=True):
-            assert a.tokens == b.tokens and a.score == b.score
+    on_host = host.beam_search(src, beam=2, max_len=4, n_best=2)     # the device's own kernels aside
+    for a_best, b_best, c_best in zip(eager, compiled, on_host, strict=True):
+        for a, b, c in zip(a_best, b_best, c_best, strict=True):
+            assert a.tokens == b.tokens == c.tokens and a.score == b.score
             np.testing.assert_array_equal(a.attention, b.attention)
+            np.testing.assert_allclose(b.score, c.score, rtol=1e-9)
+            np.testing.assert_allclose(b.attention, c.attention, rtol=1e-9, atol=1e-12)
 
 
 def test_a_model_that_decoded_compiled_is_freed():

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import tinygrad_attn as ta
+from tests.test_compile_decoding import sources
 from tinygrad_attn.models import decoding
 from tinygrad_attn.models.decoding import _COMPILED_STEPS as _COMPILED
 from tinygrad_attn.models.seq2seq import Memory
@@ -33,14 +34,6 @@ def model(config=CONFIGS[0], dtype: str = "float32", seed: int = 0):
     m = ta.models.Seq2Seq(20, 22, embed=8, hidden=12, cell=cell, attention=attention, style=style,
                           num_layers=layers, dropout=0.1, bidirectional=bidirectional)
     return m.double() if dtype == "float64" else m
-
-
-def sources(batch: int, width: int, seed: int) -> np.ndarray:
-    """Right-padded ids, one row shortened, the last row empty (all padding)."""
-    src = np.random.default_rng(seed).integers(3, 20, size=(batch, width))
-    src[min(1, batch - 1), width // 2:] = 0
-    src[-1] = 0
-    return src
 
 
 class PreviousDecoding:
@@ -226,14 +219,19 @@ def test_cuda_compiled_decoding_equals_eager_on_the_device():
 
     if "cuda" not in available_devices():
         pytest.skip("no CUDA GPU here and NUMBA_ENABLE_CUDASIM is not set")
-    ta.manual_seed(0)
-    m = ta.models.Seq2Seq(12, 12, embed=4, hidden=6, cell="gru", attention="additive").to("cuda")
+    def make():
+        ta.manual_seed(0)
+        return ta.models.Seq2Seq(12, 12, embed=4, hidden=6, cell="gru", attention="additive").double()
+
+    m, host = make().to("cuda"), make()
     src = np.array([[4, 5, 6], [7, 8, 0]])
     eager = m.greedy(src, max_len=4, hypotheses=True)
     compiled = m.greedy(src, max_len=4, hypotheses=True, compile=True)
-    for a, b in zip(eager, compiled, strict=True):
-        assert a.tokens == b.tokens and a.log_prob == b.log_prob
+    on_host = host.greedy(src, max_len=4, hypotheses=True)       # the device's own kernels aside
+    for a, b, c in zip(eager, compiled, on_host, strict=True):
+        assert a.tokens == b.tokens == c.tokens and a.log_prob == b.log_prob
         np.testing.assert_array_equal(a.attention, b.attention)
+        np.testing.assert_allclose(b.log_prob, c.log_prob, rtol=1e-9)
     eager = m.beam_search(src, beam=2, max_len=4, n_best=2)
     compiled = m.beam_search(src, beam=2, max_len=4, n_best=2, compile=True)
     for a_best, b_best in zip(eager, compiled, strict=True):

@@ -83,7 +83,7 @@ def _checked(step, dtype="float64"):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_tiny_forward_and_backward_fuse_and_equal_eager(fusing_compile, monkeypatch, dtype):
+def test_tiny_forward_and_backward_fuse_and_equal_eager(fusing_compile, dtype):
     rng = np.random.default_rng(1)
     a, b = rng.normal(size=16), rng.normal(size=16)
     step = _run(fusing_compile, _loss(lambda a, b: a * b + a), [a, b], "cpu", dtype)
@@ -283,12 +283,9 @@ def test_a_wrong_fused_kernel_fails_the_check(fusing_compile):
 
 def test_the_disk_cache_serves_a_second_process(tmp_path):
     script = textwrap.dedent("""
-        import functools
         import numpy as np
         import tinygrad_attn as ta
-        from tinygrad_attn import compiled
         from tinygrad_attn.compiler import formulas
-        from tinygrad_attn.compiler.plan import build_plan
 
         derived = []
         original = formulas.derive

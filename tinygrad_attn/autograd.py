@@ -328,10 +328,11 @@ def use_tensor_type(tensor_type) -> None:
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-def _user_frame() -> str:
-    """The innermost stack frame outside this package: where the user made this node."""
+def _user_frame(package_dirs: str | tuple = _PACKAGE_DIR) -> str:
+    """The innermost stack frame outside this package (or ``package_dirs``): where the user
+    made this node."""
     for frame in reversed(traceback.extract_stack()):
-        if not os.path.abspath(frame.filename).startswith(_PACKAGE_DIR):
+        if not os.path.abspath(frame.filename).startswith(package_dirs):
             return f"{frame.filename}:{frame.lineno}: {frame.line}"
     return "unknown"
 

@@ -670,15 +670,15 @@ def _fused_point(chain, rng, dtype, low: float, rtol: float, exact_fns: dict, er
     return forward
 
 
-def fused(what, *, seed: int = 0, dtype=np.float64) -> list[Report]:
+def fused(what, *, seed: int = 0, dtype=None) -> list[Report]:
     """Check the fused kernels of a compiled function (``ta.compile``), of one plan, or one
     chain (``compiler.fuse.Chain`` or a fused kernel's name): its forward on its device
     against the unfused chain of member kernels on the "numpy" device, and each backward
     kernel against sympy's derivative of the composed formula (dy * d f / d x_i), at random
-    positive points of the leaves' captured shapes.  Tolerance: 1e-12 (float64) or 1e-5
-    (float32) relative to the largest value.
+    positive points of the leaves' captured shapes, in the dtype the chain was captured in
+    (or ``dtype``).  Tolerance: 1e-12 (float64) or 1e-5 (float32) relative to the largest value.
 
         >>> reports = ta.check.fused(step)
         >>> all(r.ok for r in reports), print(*reports, sep="\n")
     """
-    return [_fused_report(chain, seed, dtype) for chain in _chains(what)]
+    return [_fused_report(chain, seed, np.dtype(dtype or chain.dtype)) for chain in _chains(what)]

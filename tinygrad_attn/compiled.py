@@ -32,7 +32,6 @@ import inspect
 import logging
 import os
 import threading
-import traceback
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,10 +58,7 @@ _PACKAGE_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for 
 _CAPTURE_LOCK = threading.RLock()
 
 def _user_line() -> str:
-    for frame in reversed(traceback.extract_stack()):
-        if not os.path.abspath(frame.filename).startswith(_PACKAGE_DIRS):
-            return f"{frame.filename}:{frame.lineno}: {frame.line}"
-    return "unknown"
+    return autograd._user_frame(_PACKAGE_DIRS)
 
 
 @dataclass

@@ -11,8 +11,8 @@ values.  The per-step scalars are derived here exactly as Python derives them, i
 then every scalar is cast to the parameter's dtype and each ufunc rounds to it, which is
 what torch's formulas give (``ta.optim.Adam``).
 
-``WRITES`` names the arguments each kernel changes in place (a list argument: every array
-in it).
+The kernels' layouts of the hyperparameter vector are the optimizers' own
+(``ta.optim.Adam.hyper_names``, ``ta.optim.SGD.hyper_names``, nesterov as 0.0/1.0).
 """
 
 from __future__ import annotations
@@ -21,11 +21,7 @@ import math
 
 import numpy as np
 
-__all__ = ["KERNELS", "WRITES", "ADAM_HYPER", "SGD_HYPER", "adam_scalars"]
-
-# The hyperparameter vectors' layouts (float64; nesterov as 0.0/1.0).
-ADAM_HYPER = ("lr", "beta1", "beta2", "eps", "weight_decay")
-SGD_HYPER = ("lr", "momentum", "dampening", "weight_decay", "nesterov")
+__all__ = ["KERNELS", "adam_scalars"]
 
 
 def adam_scalars(step: int, hyper) -> tuple[float, ...]:
@@ -123,4 +119,3 @@ def clip_(grads, total, max_norm: float) -> None:
 
 KERNELS = {"adam_": adam_, "sgd_": sgd_, "grad_norm": grad_norm, "clip_": clip_}
 
-WRITES = {"adam_": (0, 2, 3, 4), "sgd_": (0, 2, 3, 4), "grad_norm": (), "clip_": (0,)}

@@ -331,7 +331,6 @@ class Seq2Seq(TorchTwin, nn.Module):
         step = decoding.compiled_step(self, "_decode_tensors") if compile else self._decode_tensors
         state = _Decoding(memory, memory.states, np.arange(batch), step)
         if max_rows is not None:
-            state.capacity = batch                           # what the select below gathers from
             state = self.decode_select(state, np.arange(batch), capacity=max(int(max_rows), batch))
         return state
 

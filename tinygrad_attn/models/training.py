@@ -179,9 +179,8 @@ def _check_arguments(model, task, time_limit, callback, optimizer, checkpoint, r
     if optimizer is not None and not isinstance(optimizer, optim.Optimizer):
         raise TypeError(f"train: optimizer must be a ta.optim.Optimizer or None, got "
                         f"{type(optimizer).__name__}")
-    for name, value in (("resume", resume), ("restore_best", restore_best)):
-        if not isinstance(value, bool):
-            raise TypeError(f"train: {name} must be a bool, got {value!r}")
+    check_flag(resume, "resume", "train")
+    check_flag(restore_best, "restore_best", "train")
     check_int(eval_batch_size, "eval_batch_size", "train", low=1)
     if extras is not None and (not isinstance(extras, dict) or not all(isinstance(k, str) for k in extras)):
         raise TypeError(f"train: extras must be a dict with str keys or None, got {extras!r:.80}")
@@ -262,6 +261,7 @@ class _Run:
         self.losses_since_eval: list[float] = []
         self.schedule_state: dict | None = None      # a resumed run's, until the schedule exists
         self.saved_step: int | None = None            # the step the checkpoint file holds
+        self.checked_step: int | None = None          # the step whose weights were found finite
         # The run's own generator (dropout): other threads' draws cannot change this run.
         self.generator = np.random.default_rng(settings["seed"])
 
@@ -310,9 +310,14 @@ class _Run:
         return FloatingPointError(f"train: {what} (a learning rate or gradient clip too large?){kept}")
 
     def check_weights(self) -> None:
+        # An evaluation and the save after it look at the same weights: reading every
+        # parameter to the host once is enough.
+        if self.checked_step == self.step:
+            return
         for name, parameter in self.model.named_parameters():
             if not np.isfinite(parameter.numpy()).all():
                 raise self.diverged(f"the weights are not finite after step {self.step} ({name})")
+        self.checked_step = self.step
 
     def restore(self, steps: int) -> None:
         saved_model, info = load_checkpoint(self.checkpoint)

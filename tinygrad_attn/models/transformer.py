@@ -318,7 +318,6 @@ class Transformer(TorchTwin, nn.Module):
         state = _State(memory, mask, Tensor(mask[:, None, None, :], device=memory.device), caches,
                        np.full((batch, 0), START, dtype=np.int64), use_cache, np.arange(batch), step)
         if use_cache and max_rows is not None and int(max_rows) > batch:
-            state.capacity = batch                           # what the select below gathers from
             state = self.decode_select(state, np.arange(batch), capacity=int(max_rows))
         return state
 
