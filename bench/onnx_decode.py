@@ -57,7 +57,7 @@ def main(argv=None) -> None:
     parser.add_argument("--cache", default=None, help="default runs/onnx_decode/dates-<arch>.ckpt")
     args = parser.parse_args(argv)
     set_threads(args.threads)
-    ta_onnx = importlib.import_module("tinygrad_attn.export.onnx")
+    ta_onnx = ta.export
     ort = importlib.import_module("onnxruntime")
 
     kind, settings, lr = MODELS[args.arch]
@@ -68,7 +68,7 @@ def main(argv=None) -> None:
     sources = [s for s, _ in task.test[: args.sources]]
     srcs = batches(task, sources, args.batch_size)
     with tempfile.TemporaryDirectory() as tmp:
-        files = ta_onnx.export_onnx(model, Path(tmp) / "dates.onnx")
+        files = ta_onnx.onnx(model, Path(tmp) / "dates.onnx")
         ort_model = ta_onnx.OnnxModel(files, threads=args.threads)
     engine_ids, ort_ids = decode_all(model, srcs), decode_all(ort_model, srcs)
     same = all(np.array_equal(a, b) for a, b in zip(engine_ids, ort_ids, strict=True))

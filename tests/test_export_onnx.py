@@ -3,7 +3,6 @@ engine's encoder and decoder steps at sizes other than the traced ones, for Seq2
 Transformer models, and decodes trained dates models to the engine's translations; an op with
 no mapping is named."""
 
-import importlib
 import os
 import sys
 from pathlib import Path
@@ -13,9 +12,10 @@ import pytest
 
 import tinygrad_attn as ta
 from tests import optional
+from tinygrad_attn.export import onnx_ops, onnx_seq2seq
 from tinygrad_attn.ops import registry
 
-ta_onnx = importlib.import_module("tinygrad_attn.export.onnx")
+ta_onnx = ta.export
 
 ONNX_REASON = "onnx and onnxruntime are not installed (pip install 'tinygrad_attn[onnx]')"
 TOLERANCE = dict(rtol=1e-5, atol=1e-5)
@@ -93,9 +93,9 @@ def engine_encoder_outputs(model, src: np.ndarray) -> dict:
             found[f"memory_key{k}"], found[f"memory_value{k}"] = keys.numpy(), values.numpy()
         return found
     memory = model.encode(src)
-    names = ta_onnx.onnx_seq2seq.state_names(model)
+    names = onnx_seq2seq.state_names(model)
     found = {name: state.numpy() for name, state in
-             zip(names, ta_onnx.onnx_seq2seq._flatten_states(model, memory.states), strict=True)}
+             zip(names, onnx_seq2seq._flatten_states(model, memory.states), strict=True)}
     for name in ("keys", "keys_proj"):
         if getattr(memory, name) is not None:
             found[name] = getattr(memory, name).numpy()
@@ -107,7 +107,7 @@ def exported(request, onnx, tmp_path_factory):
     config = request.param
     model = small_transformer(config) if isinstance(config, str) else small_model(*config)
     model.train()                            # exported as in eval mode all the same
-    files = ta_onnx.export_onnx(model, tmp_path_factory.mktemp("onnx") / "model.onnx")
+    files = ta_onnx.onnx(model, tmp_path_factory.mktemp("onnx") / "model.onnx")
     assert model.training
     model.eval()
     return model, files, ta_onnx.OnnxModel(files)
@@ -164,7 +164,7 @@ def test_export_decoder_steps_match_the_engine_at_other_sizes(exported):
 def test_export_of_zero_layers_decodes_as_the_engine(onnx, tmp_path, config):
     """No decoder layer: no attention (None, as the engine's) and a step that reads no source."""
     model = small_transformer(config).eval()
-    ort_model = ta_onnx.OnnxModel(ta_onnx.export_onnx(model, tmp_path / "z.onnx"))
+    ort_model = ta_onnx.OnnxModel(ta_onnx.onnx(model, tmp_path / "z.onnx"))
     src = sources(4, 6)
     for call in (lambda m: m.greedy(src, max_len=7), lambda m: m.beam_search(src, beam=3, max_len=7)):
         (expected, engine_weights), (ids, weights) = call(model), call(ort_model)
@@ -192,7 +192,7 @@ def dates(request, onnx, tmp_path_factory):
     # Trained enough that the decodes compared are not an untrained model's near-ties.
     ta.models.train(model, task, steps=200 if request.param == "seq2seq" else 100, batch_size=32, lr=1e-2,
                     eval_every=0)
-    files = ta_onnx.export_onnx(model, tmp_path_factory.mktemp("dates") / "dates.onnx")
+    files = ta_onnx.onnx(model, tmp_path_factory.mktemp("dates") / "dates.onnx")
     src = ta.data.encode_batch([s for s, _ in task.test], task.src_vocab)
     return model, ta_onnx.OnnxModel(files), src
 
@@ -248,7 +248,7 @@ def test_export_the_ops_the_models_use_are_mapped():
     used = {"Add", "Cat", "Embedding", "GRUCell", "LSTMCellState", "LSTMHidden", "Linear", "MatMul",
             "MaskedSoftmax", "AdditiveScores", "Tanh", "Permute", "GetItem", "Where", "LayerNorm",
             "ScaledDotProduct", "Softmax", "Relu", "Gelu", "Reshape"}
-    assert used <= set(ta_onnx.supported_ops())
+    assert used <= set(onnx_ops.supported_ops())
 
 
 def test_export_unmapped_op_raises_naming_it(onnx):
@@ -260,13 +260,13 @@ def test_export_unmapped_op_raises_naming_it(onnx):
 
 def test_export_of_another_model_names_what_it_exports(onnx, tmp_path):
     with pytest.raises(TypeError, match="exports a ta.models.Seq2Seq or ta.models.Transformer; got Linear"):
-        ta_onnx.export_onnx(ta.nn.Linear(3, 4), tmp_path / "t.onnx")
+        ta_onnx.onnx(ta.nn.Linear(3, 4), tmp_path / "t.onnx")
 
 
 def test_exported_transformer_bounds_sources_and_decodes_by_its_position_table(onnx, tmp_path):
     """As the engine's: a decode stops at the table's end, a longer source is refused."""
     model = small_transformer("post-norm-relu-sinusoidal", max_len=6).eval()
-    ort_model = ta_onnx.OnnxModel(ta_onnx.export_onnx(model, tmp_path / "t.onnx"))
+    ort_model = ta_onnx.OnnxModel(ta_onnx.onnx(model, tmp_path / "t.onnx"))
     src = sources(2, 3)
     for call in (lambda m: m.greedy(src, max_len=9), lambda m: m.beam_search(src, beam=2, max_len=9)):
         (expected, _), (ids, _) = call(model), call(ort_model)
@@ -287,7 +287,7 @@ def test_export_without_onnx_says_how_to_install(monkeypatch, tmp_path):
     # None in sys.modules makes `import onnx` fail, whether or not it is installed.
     monkeypatch.setitem(sys.modules, "onnx", None)
     with pytest.raises(ImportError) as caught:
-        ta_onnx.export_onnx(small_model(*CONFIGS[0]), tmp_path / "m.onnx")
+        ta_onnx.onnx(small_model(*CONFIGS[0]), tmp_path / "m.onnx")
     assert str(caught.value) == "onnx needs the optional extra: pip install 'tinygrad_attn[onnx]'"
     assert caught.value.__cause__ is None
 
@@ -296,7 +296,7 @@ def test_export_of_a_float64_model_says_to_cast_it(onnx, tmp_path):
     model = small_model("gru", "dot", "luong", False, 1).astype(np.float64)
     with pytest.raises(ta.DTypeError, match=r"writes float32 models.*float64 parameters: export "
                                             r"model.astype\(np.float32\)"):
-        ta_onnx.export_onnx(model, tmp_path / "f64.onnx")
+        ta_onnx.onnx(model, tmp_path / "f64.onnx")
     assert not list(tmp_path.iterdir())
 
 
@@ -310,7 +310,7 @@ def tiny(request, onnx, tmp_path_factory):
         model = small_model(*CONFIGS[0]).eval()
     else:
         model = small_transformer("post-norm-relu-sinusoidal").eval()
-    return model, ta_onnx.OnnxModel(ta_onnx.export_onnx(model, tmp_path_factory.mktemp("ids") / "m.onnx"))
+    return model, ta_onnx.OnnxModel(ta_onnx.onnx(model, tmp_path_factory.mktemp("ids") / "m.onnx"))
 
 
 BAD_SOURCES = {
@@ -374,7 +374,7 @@ def test_export_to_a_folder_writes_inside_it(onnx, tmp_path):
     src = sources(3, 4)
     expected, _ = model.greedy(src, max_len=5)
     for target in (existing, str(existing), str(tmp_path / "new") + os.sep):
-        files = ta_onnx.export_onnx(model, target)
+        files = ta_onnx.onnx(model, target)
         folder = Path(target)
         assert (files.encoder_path, files.decoder_path) == (folder / "model.encoder.onnx",
                                                             folder / "model.decoder.onnx")
@@ -385,23 +385,23 @@ def test_export_to_a_folder_writes_inside_it(onnx, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match=r"OnnxModel: no file .*empty/model\.encoder\.onnx'"):
         ta_onnx.OnnxModel(tmp_path / "empty")
-    with pytest.raises(ValueError, match="export_onnx: path is empty"):
-        ta_onnx.export_onnx(model, "")
+    with pytest.raises(ValueError, match="ta.export.onnx: path is empty"):
+        ta_onnx.onnx(model, "")
 
 
 def test_export_replaces_its_own_files_only_and_writes_both_or_neither(onnx, tmp_path):
     model = small_model(*CONFIGS[0]).eval()
-    first = ta_onnx.export_onnx(model, tmp_path / "m.onnx")
-    ta_onnx.export_onnx(model, tmp_path / "m.onnx")                     # its own files: replaced
+    first = ta_onnx.onnx(model, tmp_path / "m.onnx")
+    ta_onnx.onnx(model, tmp_path / "m.onnx")                     # its own files: replaced
     ta_onnx.OnnxModel(first).greedy(sources(2, 3), max_len=3)
     foreign = tmp_path / "x.decoder.onnx"
     foreign.write_bytes(b"someone else's")
-    with pytest.raises(FileExistsError, match=r"^export_onnx: .*x\.decoder\.onnx' exists and is not an "
+    with pytest.raises(FileExistsError, match=r"^ta\.export\.onnx: .*x\.decoder\.onnx' exists and is not an "
                                               r"ONNX file written by tinygrad_attn"):
-        ta_onnx.export_onnx(model, tmp_path / "x.onnx")
+        ta_onnx.onnx(model, tmp_path / "x.onnx")
     assert foreign.read_bytes() == b"someone else's"
     (tmp_path / "y.decoder.onnx").mkdir()
     with pytest.raises(FileExistsError, match=r"y\.decoder\.onnx' exists and is not an ONNX file"):
-        ta_onnx.export_onnx(model, tmp_path / "y.onnx")
+        ta_onnx.onnx(model, tmp_path / "y.onnx")
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == ["m.decoder.onnx", "m.encoder.onnx", "x.decoder.onnx", "y.decoder.onnx"]   # no halves

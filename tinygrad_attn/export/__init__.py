@@ -12,7 +12,6 @@ continues training in torch's distributed engine.  The torch module is not impor
 imports torch); ``import tinygrad_attn.export.torch``.
 """
 
-from .onnx import OnnxModel, UnsupportedOpError, export_onnx, graph_to_onnx
-from .onnx import export_onnx as onnx  # noqa: F811 - ta.export.onnx(model, path), as the issue names it
+from .onnx_export import OnnxExport, OnnxModel, UnsupportedOpError, graph_to_onnx, onnx
 
-__all__ = ["onnx", "export_onnx", "graph_to_onnx", "OnnxModel", "UnsupportedOpError"]
+__all__ = ["onnx", "OnnxModel", "OnnxExport", "graph_to_onnx", "UnsupportedOpError"]

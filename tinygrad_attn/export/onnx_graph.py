@@ -1,10 +1,10 @@
-"""Writing a recorded graph as ONNX: ``_Graph`` holds the nodes of one ONNX graph (the main
+"""Writing a recorded graph as ONNX: ``Graph`` holds the nodes of one ONNX graph (the main
 graph or a Scan body) and ``emit`` walks the engine's record from the bound inputs to the
 wanted outputs, lowering each op (``onnx_ops``).  Parameters become initializers named after
 the model's ``state_dict``; any other leaf (a constant such as the 0 of a masked ``where``)
 becomes an initializer holding its value.
 
-To trace, run the engine's own code on small example inputs made by ``_leaf``: float inputs
+To trace, run the engine's own code on small example inputs made by ``trace_input``: float inputs
 require grad, so every op on them records a node.
 """
 
@@ -15,16 +15,16 @@ import numpy as np
 from ..autograd import toposort
 from ..data.vocab import PAD
 from ..tensor import Tensor
-from .onnx_ops import LOWERINGS, OPSET, UnsupportedOpError, _onnx_type, _require
+from .onnx_ops import LOWERINGS, OPSET, UnsupportedOpError, onnx_type, require
 
 __all__ = ["graph_to_onnx"]
 
 
-class _Graph:
+class Graph:
     """The nodes of one ONNX graph (the main graph or a Scan body).  Initializers always go
     to the main graph (``root``): a body reads them from the outer scope."""
 
-    def __init__(self, root: _Graph | None = None, param_names: dict | None = None):
+    def __init__(self, root: Graph | None = None, param_names: dict | None = None):
         self.root = root or self
         self.nodes: list = []
         if root is None:
@@ -42,7 +42,7 @@ class _Graph:
 
     def node(self, op_type: str, inputs: list, outputs: int | list = 1, **attrs):
         """Append a node; returns its output name (or names, for several outputs)."""
-        helper = _require().helper
+        helper = require().helper
         names = [self.fresh(op_type.lower()) for _ in range(outputs)] if isinstance(outputs, int) else outputs
         self.nodes.append(helper.make_node(op_type, list(inputs), names, name=self.fresh(f"n_{op_type}"),
                                            **attrs))
@@ -113,13 +113,13 @@ class _Graph:
 
 
 
-def _value_info(name: str, dtype, shape):
-    return _require().helper.make_tensor_value_info(name, _onnx_type(dtype), shape)
+def value_info(name: str, dtype, shape):
+    return require().helper.make_tensor_value_info(name, onnx_type(dtype), shape)
 
 
-def _model(graph: _Graph, name: str, inputs: list, outputs: list, metadata: dict | None = None):
+def make_model(graph: Graph, name: str, inputs: list, outputs: list, metadata: dict | None = None):
     """An onnx.ModelProto of a main graph; inputs and outputs are value infos."""
-    onnx = _require()
+    onnx = require()
     helper, numpy_helper = onnx.helper, onnx.numpy_helper
     initializers = [numpy_helper.from_array(np.ascontiguousarray(array), name)
                     for name, array in graph.initializers.items()]
@@ -154,17 +154,17 @@ def graph_to_onnx(inputs: dict[str, Tensor], outputs: dict[str, Tensor], dynamic
         >>> proto = graph_to_onnx({"x": x}, {"y": (x * 2).tanh()})
     """
     dynamic = dynamic or {}
-    graph = _Graph(param_names=param_names)
+    graph = Graph(param_names=param_names)
     bindings = {id(t): n for n, t in inputs.items()}
     names = graph.emit(list(outputs.values()), bindings)
     out_infos = []
     for (out_name, tensor), made in zip(outputs.items(), names, strict=True):
         graph.output(made, out_name)
-        out_infos.append(_value_info(out_name, tensor.dtype, dynamic.get(out_name, tensor.shape)))
-    in_infos = [_value_info(n, t.dtype, dynamic.get(n, t.shape)) for n, t in inputs.items()]
-    return _model(graph, name, in_infos, out_infos)
+        out_infos.append(value_info(out_name, tensor.dtype, dynamic.get(out_name, tensor.shape)))
+    in_infos = [value_info(n, t.dtype, dynamic.get(n, t.shape)) for n, t in inputs.items()]
+    return make_model(graph, name, in_infos, out_infos)
 
 
-def _leaf(array: np.ndarray) -> Tensor:
+def trace_input(array: np.ndarray) -> Tensor:
     """A graph input to trace from: float inputs require grad, so every op on them records."""
     return Tensor(array, requires_grad=array.dtype.kind == "f", dtype=array.dtype)

@@ -1,5 +1,5 @@
 """The ONNX lowering of each engine op: one function per recorded op name, writing it as one
-ONNX node or a small subgraph (opset 17) through the builder ``onnx_graph._Graph`` hands it.
+ONNX node or a small subgraph (opset 17) through the builder ``onnx_graph.Graph`` hands it.
 
 A lowering is ``(g, op, inputs, tensors, out) -> name``: the graph being written, the recorded
 op (its attributes: axes, shapes, scale ...), its inputs' ONNX names and engine tensors (their
@@ -24,7 +24,7 @@ class UnsupportedOpError(TypeError):
     """A recorded op has no ONNX mapping; the message names it and where it was recorded."""
 
 
-def _require(module: str = "onnx"):
+def require(module: str = "onnx"):
     try:
         return importlib.import_module(module)
     except ImportError:
@@ -38,7 +38,7 @@ _ONNX_TYPES = {np.dtype(np.float32): 1, np.dtype(np.uint8): 2, np.dtype(np.int8)
                np.dtype(np.int64): 7, np.dtype(np.bool_): 9, np.dtype(np.float64): 11}
 
 
-def _onnx_type(dtype) -> int:
+def onnx_type(dtype) -> int:
     try:
         return _ONNX_TYPES[np.dtype(dtype)]
     except KeyError:
@@ -106,7 +106,7 @@ def _masked_fill(g, op, inputs, tensors, out):
 
 @_lowers("Cast")
 def _cast(g, op, inputs, tensors, out):
-    return g.node("Cast", inputs, to=_onnx_type(op.dtype))
+    return g.node("Cast", inputs, to=onnx_type(op.dtype))
 
 
 def _linear(g, x: str, weight: str, bias: str | None) -> str:
@@ -280,8 +280,8 @@ def _scaled_dot_product(g, op, inputs, tensors, out):
     if op.causal:
         # Key j > query i is forbidden: a lower-triangular (T_q, T_k) of the scores' shape.
         size = g.node("Slice", [g.node("Shape", [scores]), g.ints([-2]), g.ints([np.iinfo(np.int64).max])])
-        ones = g.node("ConstantOfShape", [size], value=_require().helper.make_tensor("one", 7, [1], [1]))
-        tril = g.node("Cast", [g.node("Trilu", [ones], upper=0)], to=_onnx_type(np.bool_))
+        ones = g.node("ConstantOfShape", [size], value=require().helper.make_tensor("one", 7, [1], [1]))
+        tril = g.node("Cast", [g.node("Trilu", [ones], upper=0)], to=onnx_type(np.bool_))
         mask = tril if mask is None else g.node("And", [mask, tril])
     if mask is None:
         weights = g.node("Softmax", [scores], axis=-1)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..tensor import Tensor
-from .onnx_graph import _Graph, _leaf, _model, _require, _value_info
+from .onnx_graph import Graph, make_model, trace_input, value_info
+from .onnx_ops import require
 
 
 def state_names(model) -> list[str]:
@@ -40,10 +41,10 @@ def _group_states(model, flat: list) -> list:
 def encoder_model(model, param_names: dict, metadata: dict):
     """src (B, S) -> keys, keys_proj, the decoder's initial states: ``Seq2Seq.encode`` with
     each recurrent layer and direction as a Scan over the source axis."""
-    helper = _require().helper
-    graph = _Graph(param_names=param_names)
+    helper = require().helper
+    graph = Graph(param_names=param_names)
     batch, steps = 2, 3                                         # any sizes: the axes are dynamic
-    src = _leaf(np.ones((batch, steps), dtype=np.int64))
+    src = trace_input(np.ones((batch, steps), dtype=np.int64))
     (embedded,) = graph.emit([model.src_embed(src)], {id(src): "src"})               # (B, S, E)
     mask = graph.real_tokens()                                                       # (B, S)
     # The initial state: zeros (B, H), B read from src.
@@ -73,7 +74,7 @@ def encoder_model(model, param_names: dict, metadata: dict):
     for state in finals:
         parts = []
         for name in state:
-            leaf = _leaf(np.zeros((batch, 1, model.hidden), dtype=np.float32))
+            leaf = trace_input(np.zeros((batch, 1, model.hidden), dtype=np.float32))
             bindings[id(leaf)] = graph.node("Unsqueeze", [name, graph.ints([1])])   # (B, 1, H)
             parts.append(leaf)
         leaves.append(tuple(parts) if lstm else parts[0])
@@ -82,7 +83,7 @@ def encoder_model(model, param_names: dict, metadata: dict):
     infos = {name: ("B", 1, model.hidden) for name in outputs}
     if model.attention_kind is not None:
         key_size = model.hidden * encoder.num_directions
-        keys = _leaf(np.zeros((batch, steps, key_size), dtype=np.float32))
+        keys = trace_input(np.zeros((batch, steps, key_size), dtype=np.float32))
         bindings[id(keys)] = xs
         outputs["keys"] = keys
         infos["keys"] = ("B", "S", key_size)
@@ -93,22 +94,22 @@ def encoder_model(model, param_names: dict, metadata: dict):
     out_infos = []
     for (name, tensor), made in zip(outputs.items(), names, strict=True):
         graph.output(made, name)
-        out_infos.append(_value_info(name, tensor.dtype, infos[name]))
-    return _model(graph, "tinygrad_attn_encoder", [_value_info("src", np.int64, ("B", "S"))], out_infos,
+        out_infos.append(value_info(name, tensor.dtype, infos[name]))
+    return make_model(graph, "tinygrad_attn_encoder", [value_info("src", np.int64, ("B", "S"))], out_infos,
                   metadata)
 
 
-def _scan_body(model, graph: _Graph, weights, width: int):
+def _scan_body(model, graph: Graph, weights, width: int):
     """One encoder step as a Scan body: (state, x_t (B, I), mask_t (B,)) -> (state, output):
     the layer's own ``_step`` and padding ``_masked``, traced."""
-    helper = _require().helper
-    body = _Graph(root=graph)
+    helper = require().helper
+    body = Graph(root=graph)
     encoder = model.encoder
     lstm = model.cell == "lstm"
     batch, hidden = 2, model.hidden
-    x = _leaf(np.zeros((batch, width), dtype=np.float32))
-    h = _leaf(np.zeros((batch, hidden), dtype=np.float32))
-    c = _leaf(np.zeros((batch, hidden), dtype=np.float32))
+    x = trace_input(np.zeros((batch, width), dtype=np.float32))
+    h = trace_input(np.zeros((batch, hidden), dtype=np.float32))
+    c = trace_input(np.zeros((batch, hidden), dtype=np.float32))
     keep = Tensor(np.ones((batch, 1), dtype=bool))
     state = (h, c) if lstm else h
     new = encoder._step(x, state, weights)
@@ -121,9 +122,9 @@ def _scan_body(model, graph: _Graph, weights, width: int):
     out_names = [f"{n}_next" for n in state_names] + ["output_t"]
     for produced, name in zip(made, out_names, strict=True):
         body.output(produced, name)
-    inputs = [_value_info(n, np.float32, ("B", hidden)) for n in state_names]
-    inputs += [_value_info("x_t", np.float32, ("B", width)), _value_info("mask_t", np.bool_, ("B",))]
-    outputs = [_value_info(n, np.float32, ("B", hidden)) for n in out_names]
+    inputs = [value_info(n, np.float32, ("B", hidden)) for n in state_names]
+    inputs += [value_info("x_t", np.float32, ("B", width)), value_info("mask_t", np.bool_, ("B",))]
+    outputs = [value_info(n, np.float32, ("B", hidden)) for n in out_names]
     return helper.make_graph(body.nodes, graph.fresh("encoder_step"), inputs, outputs)
 
 
@@ -131,29 +132,29 @@ def decoder_model(model, param_names: dict, metadata: dict):
     """One decoder step, ``Seq2Seq.decode_step`` up to the logits."""
     from ..models.seq2seq import Memory
 
-    graph = _Graph(param_names=param_names)
+    graph = Graph(param_names=param_names)
     batch, steps, hidden = 2, 3, model.hidden
     tokens = Tensor(np.full((batch, 1), 1, dtype=np.int64))
-    flat = [_leaf(np.zeros((batch, 1, hidden), dtype=np.float32)) for _ in state_names(model)]
+    flat = [trace_input(np.zeros((batch, 1, hidden), dtype=np.float32)) for _ in state_names(model)]
     states = _group_states(model, flat)
     bindings = {id(tokens): graph.node("Unsqueeze", ["tokens", graph.ints([1])])}  # (N, 1)
-    inputs = [_value_info("tokens", np.int64, ("N",))]
+    inputs = [value_info("tokens", np.int64, ("N",))]
     for name, leaf in zip(state_names(model), flat, strict=True):
         bindings[id(leaf)] = name
-        inputs.append(_value_info(name, np.float32, ("N", 1, hidden)))
+        inputs.append(value_info(name, np.float32, ("N", 1, hidden)))
     keys = keys_proj = key_mask = None
     if model.attention_kind is not None:
         key_size = model.hidden * model.encoder.num_directions
-        keys = _leaf(np.zeros((batch, steps, key_size), dtype=np.float32))
+        keys = trace_input(np.zeros((batch, steps, key_size), dtype=np.float32))
         bindings[id(keys)] = "keys"
-        inputs.append(_value_info("keys", np.float32, ("N", "S", key_size)))
+        inputs.append(value_info("keys", np.float32, ("N", "S", key_size)))
         if model.attention_kind in ("additive", "concat"):
-            keys_proj = _leaf(np.zeros((batch, steps, model.config["attn_dim"]), dtype=np.float32))
+            keys_proj = trace_input(np.zeros((batch, steps, model.config["attn_dim"]), dtype=np.float32))
             bindings[id(keys_proj)] = "keys_proj"
-            inputs.append(_value_info("keys_proj", np.float32, ("N", "S", model.config["attn_dim"])))
+            inputs.append(value_info("keys_proj", np.float32, ("N", "S", model.config["attn_dim"])))
         key_mask = Tensor(np.ones((batch, 1, steps), dtype=bool))
         bindings[id(key_mask)] = graph.node("Unsqueeze", ["src_mask", graph.ints([1])])   # (N, 1, S)
-        inputs.append(_value_info("src_mask", np.bool_, ("N", "S")))
+        inputs.append(value_info("src_mask", np.bool_, ("N", "S")))
     memory = Memory(keys, keys_proj, np.ones((batch, steps), dtype=bool), key_mask, states)
     top, context, weights, new_states = model._step(tokens, states, memory)
     feature = top if context is None else model._readout(top, context)
@@ -169,6 +170,6 @@ def decoder_model(model, param_names: dict, metadata: dict):
         if name in shapes:          # the step axis of one step goes: (N, 1, X) -> (N, X)
             produced = graph.node("Squeeze", [produced, graph.ints([1])])
         graph.output(produced, name)
-        out_infos.append(_value_info(name, tensor.dtype, shapes.get(name, ("N", 1, hidden))))
-    return _model(graph, "tinygrad_attn_decoder_step", inputs, out_infos, metadata)
+        out_infos.append(value_info(name, tensor.dtype, shapes.get(name, ("N", 1, hidden))))
+    return make_model(graph, "tinygrad_attn_decoder_step", inputs, out_infos, metadata)
 

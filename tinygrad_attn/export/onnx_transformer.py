@@ -33,7 +33,7 @@ import numpy as np
 from .. import scopes
 from ..autograd import scope, toposort
 from ..tensor import Tensor
-from .onnx_graph import _Graph, _leaf, _model, _value_info
+from .onnx_graph import Graph, make_model, trace_input, value_info
 
 BATCH, STEPS, PAST = 2, 3, 4            # traced sizes: any, as long as they differ
 
@@ -59,7 +59,7 @@ def _heads_shape(model, length: str) -> tuple:
     return ("N", nhead, length, model.d_model // nhead)
 
 
-def _position_rows(graph: _Graph, model, start: str, stop: str) -> str:
+def _position_rows(graph: Graph, model, start: str, stop: str) -> str:
     """Rows start .. stop - 1 of the position table, (L, d_model): the learned embedding's
     weight, or the sinusoids as a constant."""
     if model.config["positions"] == "learned":
@@ -71,9 +71,9 @@ def _position_rows(graph: _Graph, model, start: str, stop: str) -> str:
 
 def encoder_model(model, param_names: dict, metadata: dict):
     """src (B, S) -> the memory's keys and values for every decoder layer's cross-attention."""
-    graph = _Graph(param_names=param_names)
-    src = _leaf(np.ones((BATCH, STEPS), dtype=np.int64))
-    positions = _leaf(np.zeros((STEPS, model.d_model), dtype=np.float32))
+    graph = Graph(param_names=param_names)
+    src = trace_input(np.ones((BATCH, STEPS), dtype=np.int64))
+    positions = trace_input(np.zeros((STEPS, model.d_model), dtype=np.float32))
     mask = Tensor(np.ones((BATCH, 1, 1, STEPS), dtype=bool))                        # True: a real token
     length = graph.node("Slice", [graph.node("Shape", ["src"]), graph.ints([1]), graph.ints([2])])
     real = graph.real_tokens()                                                       # (B, S)
@@ -84,17 +84,17 @@ def encoder_model(model, param_names: dict, metadata: dict):
     if not model.transformer.decoder.layers:            # nothing projects the memory: it is the output
         (made,) = graph.emit([memory], bindings)
         graph.output(made, "memory")
-        out_infos = [_value_info("memory", np.float32, ("B", "S", model.d_model))]
-        return _model(graph, "tinygrad_attn_transformer_encoder", [_value_info("src", np.int64, ("B", "S"))],
-                      out_infos, metadata)
+        out_infos = [value_info("memory", np.float32, ("B", "S", model.d_model))]
+        src_info = value_info("src", np.int64, ("B", "S"))
+        return make_model(graph, "tinygrad_attn_transformer_encoder", [src_info], out_infos, metadata)
     outputs = []
     for layer in model.transformer.decoder.layers:
         outputs += layer.multihead_attn.project_memory(memory)
     names = graph.emit(outputs, bindings)
     for made, name in zip(names, memory_names(model), strict=True):
         graph.output(made, name)
-    out_infos = [_value_info(name, np.float32, _heads_shape(model, "S")) for name in memory_names(model)]
-    return _model(graph, "tinygrad_attn_transformer_encoder", [_value_info("src", np.int64, ("B", "S"))],
+    out_infos = [value_info(name, np.float32, _heads_shape(model, "S")) for name in memory_names(model)]
+    return make_model(graph, "tinygrad_attn_transformer_encoder", [value_info("src", np.int64, ("B", "S"))],
                   out_infos, metadata)
 
 
@@ -102,15 +102,15 @@ def decoder_model(model, param_names: dict, metadata: dict):
     """One decoder step: ``Transformer.decoder_step`` on caches that are graph inputs."""
     if not model.transformer.decoder.layers:
         return _decoder_without_layers(model, param_names, metadata)
-    graph = _Graph(param_names=param_names)
+    graph = Graph(param_names=param_names)
     nhead = model.config["nhead"]
     head = (BATCH, nhead, None, model.d_model // nhead)
-    tokens = _leaf(np.ones((BATCH, 1), dtype=np.int64))
-    positions = _leaf(np.zeros((1, model.d_model), dtype=np.float32))
+    tokens = trace_input(np.ones((BATCH, 1), dtype=np.int64))
+    positions = trace_input(np.zeros((1, model.d_model), dtype=np.float32))
     mask = Tensor(np.ones((BATCH, 1, 1, STEPS), dtype=bool))
 
     def leaves(length):
-        return [_leaf(np.zeros(head[:2] + (length,) + head[3:], dtype=np.float32)) for _ in range(2)]
+        return [trace_input(np.zeros(head[:2] + (length,) + head[3:], dtype=np.float32)) for _ in range(2)]
 
     caches = [layer.cache(*leaves(PAST), *leaves(STEPS)) for layer in model.transformer.decoder.layers]
     # The new token's position is the cache's length: T, read from the first cache's shape.
@@ -136,22 +136,22 @@ def decoder_model(model, param_names: dict, metadata: dict):
     graph.output(graph.node("Squeeze", [averaged, step_axis]), "attention")        # (N, S)
     for produced, name in zip(made[2:], state_names(model), strict=True):
         graph.output(produced, f"{name}_next")
-    inputs = [_value_info("tokens", np.int64, ("N",)), _value_info("src_mask", np.bool_, ("N", "S"))]
-    inputs += [_value_info(name, np.float32, _heads_shape(model, "S")) for name in memory_names(model)]
-    inputs += [_value_info(name, np.float32, _heads_shape(model, "T")) for name in state_names(model)]
-    outputs = [_value_info("logits", np.float32, ("N", model.config["tgt_vocab"])),
-               _value_info("attention", np.float32, ("N", "S"))]
-    outputs += [_value_info(f"{name}_next", np.float32, _heads_shape(model, "T_next"))
+    inputs = [value_info("tokens", np.int64, ("N",)), value_info("src_mask", np.bool_, ("N", "S"))]
+    inputs += [value_info(name, np.float32, _heads_shape(model, "S")) for name in memory_names(model)]
+    inputs += [value_info(name, np.float32, _heads_shape(model, "T")) for name in state_names(model)]
+    outputs = [value_info("logits", np.float32, ("N", model.config["tgt_vocab"])),
+               value_info("attention", np.float32, ("N", "S"))]
+    outputs += [value_info(f"{name}_next", np.float32, _heads_shape(model, "T_next"))
                 for name in state_names(model)]
-    return _model(graph, "tinygrad_attn_transformer_decoder_step", inputs, outputs, metadata)
+    return make_model(graph, "tinygrad_attn_transformer_decoder_step", inputs, outputs, metadata)
 
 
 def _decoder_without_layers(model, param_names: dict, metadata: dict):
     """The step of a decoder of no layers, the final LayerNorm of the new token's embedding:
     its position is the length of ``past_tokens``, which the step extends by the token."""
-    graph = _Graph(param_names=param_names)
-    tokens = _leaf(np.ones((BATCH, 1), dtype=np.int64))
-    positions = _leaf(np.zeros((1, model.d_model), dtype=np.float32))
+    graph = Graph(param_names=param_names)
+    tokens = trace_input(np.ones((BATCH, 1), dtype=np.int64))
+    positions = trace_input(np.zeros((1, model.d_model), dtype=np.float32))
     step_axis = graph.ints([1])
     column = graph.node("Unsqueeze", ["tokens", step_axis])                                # (N, 1)
     past = graph.node("Slice", [graph.node("Shape", [PAST_TOKENS]), graph.ints([1]), graph.ints([2])])
@@ -162,10 +162,10 @@ def _decoder_without_layers(model, param_names: dict, metadata: dict):
     (made,) = graph.emit([logits], bindings)
     graph.output(graph.node("Squeeze", [made, step_axis]), "logits")                       # (N, V)
     graph.output(graph.node("Concat", [PAST_TOKENS, column], axis=1), f"{PAST_TOKENS}_next")  # (N, T + 1)
-    inputs = [_value_info("tokens", np.int64, ("N",)), _value_info(PAST_TOKENS, np.int64, ("N", "T"))]
-    outputs = [_value_info("logits", np.float32, ("N", model.config["tgt_vocab"])),
-               _value_info(f"{PAST_TOKENS}_next", np.int64, ("N", "T_next"))]
-    return _model(graph, "tinygrad_attn_transformer_decoder_step", inputs, outputs, metadata)
+    inputs = [value_info("tokens", np.int64, ("N",)), value_info(PAST_TOKENS, np.int64, ("N", "T"))]
+    outputs = [value_info("logits", np.float32, ("N", model.config["tgt_vocab"])),
+               value_info(f"{PAST_TOKENS}_next", np.int64, ("N", "T_next"))]
+    return make_model(graph, "tinygrad_attn_transformer_decoder_step", inputs, outputs, metadata)
 
 
 def _last_cross_attention(model, logits: Tensor) -> Tensor:

@@ -36,9 +36,9 @@ from ..ops.nn import check_ids
 from ..serialize import atomic_file
 from . import onnx_seq2seq, onnx_transformer
 from .onnx_graph import graph_to_onnx
-from .onnx_ops import OPSET, UnsupportedOpError, _require, supported_ops
+from .onnx_ops import OPSET, UnsupportedOpError, require, supported_ops
 
-__all__ = ["export_onnx", "onnx", "graph_to_onnx", "OnnxModel", "OnnxExport", "UnsupportedOpError",
+__all__ = ["onnx", "graph_to_onnx", "OnnxModel", "OnnxExport", "UnsupportedOpError",
            "OPSET", "supported_ops"]
 
 SPECIAL_IDS = {"pad": PAD, "start": START, "end": END, "unk": UNK}
@@ -46,7 +46,7 @@ SPECIAL_IDS = {"pad": PAD, "start": START, "end": END, "unk": UNK}
 
 @dataclass
 class OnnxExport:
-    """What ``export_onnx`` wrote: the two files and the names of the decoder step's states
+    """What ``ta.export.onnx`` wrote: the two files and the names of the decoder step's states
     (each is an input, and an output with ``_next`` appended)."""
 
     encoder_path: Path
@@ -79,14 +79,14 @@ def _check_replaceable(path: Path) -> None:
     folder, a FIFO) is refused before anything is written."""
     if not os.path.lexists(path) or _written_here(path):
         return
-    raise FileExistsError(f"export_onnx: {str(path)!r} exists and is not an ONNX file written by "
+    raise FileExistsError(f"ta.export.onnx: {str(path)!r} exists and is not an ONNX file written by "
                           f"tinygrad_attn; remove it or export to another path")
 
 
 def _written_here(path: Path) -> bool:
     """Whether ``path`` is a regular file this exporter wrote, read from its first bytes:
     protobuf writes a ModelProto's fields in number order, ir_version (field 1, a varint)
-    then producer_name (field 2, length-delimited), which ``_model`` sets to "tinygrad_attn"."""
+    then producer_name (field 2, length-delimited), which ``make_model`` sets to "tinygrad_attn"."""
     if not (os.path.exists(path) and stat.S_ISREG(os.stat(path).st_mode)):
         return False
     with open(path, "rb") as file:
@@ -100,7 +100,7 @@ def _written_here(path: Path) -> bool:
     return head[end + 1 : end + 1 + len(producer)] == producer
 
 
-def export_onnx(model, path, opset: int = OPSET) -> OnnxExport:
+def onnx(model, path, opset: int = OPSET) -> OnnxExport:
     """Write ``model``'s encoder and one decoder step as two ONNX files (opset 17), checked
     by ``onnx.checker``: ``<stem>.encoder.onnx`` and ``<stem>.decoder.onnx`` next to ``path``
     (``"dates.onnx"`` -> ``dates.encoder.onnx``, ``dates.decoder.onnx``), or inside it,
@@ -135,22 +135,22 @@ def export_onnx(model, path, opset: int = OPSET) -> OnnxExport:
     from ..models.seq2seq import Seq2Seq
     from ..models.transformer import Transformer
 
-    _require()
+    require()
     if opset != OPSET:
-        raise ValueError(f"export_onnx: only opset {OPSET} is written, got {opset}")
+        raise ValueError(f"ta.export.onnx: only opset {OPSET} is written, got {opset}")
     if isinstance(model, Seq2Seq):
         family, writer, states = "seq2seq", onnx_seq2seq, onnx_seq2seq.state_names(model)
     elif isinstance(model, Transformer):
         family, writer, states = "transformer", onnx_transformer, onnx_transformer.state_names(model)
     else:
-        raise TypeError(f"export_onnx: exports a ta.models.Seq2Seq or ta.models.Transformer; got "
+        raise TypeError(f"ta.export.onnx: exports a ta.models.Seq2Seq or ta.models.Transformer; got "
                         f"{type(model).__name__}")
     dtypes = sorted({str(p.dtype) for p in model.parameters()})
     if dtypes != ["float32"]:
-        raise DTypeError(f"export_onnx: writes float32 models (the graphs' inputs and outputs are "
+        raise DTypeError(f"ta.export.onnx: writes float32 models (the graphs' inputs and outputs are "
                          f"float32); this one has {', '.join(dtypes)} parameters: export "
                          f"model.astype(np.float32)")
-    encoder_path, decoder_path = _paths(path, "export_onnx")
+    encoder_path, decoder_path = _paths(path, "ta.export.onnx")
     for target in (encoder_path, decoder_path):
         _check_replaceable(target)
     param_names = {id(p): name for name, p in model.named_parameters()}
@@ -169,14 +169,12 @@ def export_onnx(model, path, opset: int = OPSET) -> OnnxExport:
     encoder_path.parent.mkdir(parents=True, exist_ok=True)
     # Both files are complete before either is renamed over its target (the decoder's first):
     # a failure while writing replaces neither.
-    with atomic_file(encoder_path, "export_onnx") as encoder_file, \
-            atomic_file(decoder_path, "export_onnx") as decoder_file:
+    with atomic_file(encoder_path, "ta.export.onnx") as encoder_file, \
+            atomic_file(decoder_path, "ta.export.onnx") as decoder_file:
         encoder_file.write(encoder_bytes)
         decoder_file.write(decoder_bytes)
     return OnnxExport(encoder_path, decoder_path, states)
 
-
-onnx = export_onnx
 
 
 # ---------------------------------------------------------------- decoding with onnxruntime
@@ -207,7 +205,7 @@ class OnnxModel:
     (``max_src_len``, ``max_tgt_len``).
 
     Args:
-        exported: what ``export_onnx`` returned, or the ``path`` given to it (a folder
+        exported: what ``ta.export.onnx`` returned, or the ``path`` given to it (a folder
             opens its ``model.encoder.onnx`` and ``model.decoder.onnx``).
         threads: onnxruntime's intra-op threads (0: its default).
         providers: onnxruntime execution providers (default CPU).
@@ -219,14 +217,14 @@ class OnnxModel:
     """
 
     def __init__(self, exported, threads: int = 0, providers=None):
-        ort = _require("onnxruntime")
+        ort = require("onnxruntime")
         if isinstance(exported, OnnxExport):
             encoder_path, decoder_path = exported.encoder_path, exported.decoder_path
         else:
             encoder_path, decoder_path = _paths(exported, "OnnxModel")
         for path in (encoder_path, decoder_path):
             if not os.path.isfile(path):
-                raise FileNotFoundError(f"OnnxModel: no file {str(path)!r} (what export_onnx writes for "
+                raise FileNotFoundError(f"OnnxModel: no file {str(path)!r} (what ta.export.onnx writes for "
                                         f"{os.fspath(exported)!r})")
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
