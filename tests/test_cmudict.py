@@ -25,7 +25,7 @@ def test_missing_package_gives_one_line_on_how_to_install(monkeypatch):
 
 
 def test_cmudict_option_errors():
-    with pytest.raises(TypeError, match=r"cmudict: stress must be a bool, got 1"):
+    with pytest.raises(TypeError, match=r"cmudict: stress must be True or False, got 1"):
         data.load("cmudict", stress=1)
     with pytest.raises(ValueError, match=r"cmudict: max_len must be None or an int >= 1, got 0"):
         data.load("cmudict", max_len=0)

@@ -118,3 +118,34 @@ def test_save_keeps_a_read_only_file_and_names_the_users_path(tmp_path):
             ta.save({"a": 1}, folder / "x.ckpt")
     finally:
         folder.chmod(0o755)
+
+
+def _optimizer():
+    return ta.optim.Adam([Tensor(np.ones(2), requires_grad=True)], lr=0.1)
+
+
+@pytest.mark.parametrize("call, error, pattern", [
+    # The plain arguments of every module are checked by tinygrad_attn/arguments.py, in one wording:
+    # a wrong type is a TypeError, a value out of range a ValueError, each naming the function.
+    (lambda: ta.optim.SGD([Tensor(np.ones(2), requires_grad=True)], lr=0.1, momentum=0.9, nesterov=1),
+     TypeError, r"^SGD: nesterov must be True or False, got 1 \(int\)$"),
+    (lambda: ta.optim.WarmupCosine(_optimizer(), warmup=2.0, total=10), TypeError,
+     r"^WarmupCosine: warmup must be an int, got 2.0 \(float\)$"),
+    (lambda: ta.optim.WarmupCosine(_optimizer(), warmup=5, total=4), ValueError,
+     r"^WarmupCosine: total must be >= 5, got 4$"),
+    (lambda: ta.optim.ReduceLROnPlateau(_optimizer(), factor=1.0), ValueError,
+     r"^ReduceLROnPlateau: factor must be a finite number in \(0.0, 1.0\), got 1.0$"),
+    (lambda: ta.optim.ReduceLROnPlateau(_optimizer(), patience=-1), ValueError,
+     r"^ReduceLROnPlateau: patience must be >= 0, got -1$"),
+    (lambda: ta.attention.scaled_dot_product(t(1, 2, 4), t(1, 3, 4), t(1, 3, 4), dropout=float("nan")),
+     ValueError, r"^attention.scaled_dot_product: dropout must be a finite number in \[0.0, 1.0\), got nan$"),
+    (lambda: ta.attention.multi_head(t(1, 2, 4), t(1, 3, 4), t(1, 3, 4), 2.0, t(4, 4), t(4, 4), t(4, 4), t(4, 4)),
+     TypeError, r"^attention.multi_head: num_heads must be an int, got 2.0 \(float\)$"),
+    (lambda: ta.data.Vocab.build([["a"]], min_freq=True), TypeError,
+     r"^Vocab.build: min_freq must be an int, got True \(bool\)$"),
+    (lambda: ta.data.from_pairs([(["a"], ["b"])] * 4, max_src_len=2.5), TypeError,
+     r"^from_pairs: max_src_len must be None or an int, got 2.5 \(float\)$"),
+])
+def test_plain_arguments_are_checked_in_one_wording(call, error, pattern):
+    with pytest.raises(error, match=pattern):
+        call()

@@ -235,7 +235,7 @@ def test_from_pairs_makes_a_task_that_keeps_text_as_written():
     (lambda: data.from_pairs(numbered_pairs(3), valid_fraction=0.5, test_fraction=0.5), ValueError,
      r"from_pairs: valid_fraction \+ test_fraction must be below 1"),
     (lambda: data.from_pairs(numbered_pairs(3), test_fraction=-0.1), ValueError,
-     r"from_pairs: test_fraction must be a number in \[0, 1\), got -0.1"),
+     r"from_pairs: test_fraction must be a finite number in \[0.0, 1.0\), got -0.1"),
     (lambda: data.from_pairs([("ab", ["x"])]), TypeError,
      r"from_pairs: the source of pairs\[0\] must be a list of token strings, got 'ab'"),
     (lambda: data.from_pairs([(["a"], ["x"]), (["a"],)]), TypeError,

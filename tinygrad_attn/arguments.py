@@ -1,7 +1,7 @@
 """Checks of the plain arguments that public functions take (counts, rates, penalties), in one
 wording for the whole package:
 
-    check_int(8, "beam", "beam_search", low=1)           an int, not a bool, >= low
+    check_int(8, "beam", "beam_search", low=1)           an int, not a bool, >= low (optional: or None)
     check_number(0.9, "betas[0]", "Adam", low=0.0, high=1.0, high_open=True)
     check_flag(True, "bidirectional", "Seq2Seq")         True or False (numpy's too)
     check_writable_file("run.ckpt", "checkpoint", "train")   a path ta.save can write
@@ -23,12 +23,16 @@ import numpy as np
 __all__ = ["check_int", "check_number", "check_flag", "check_writable_file"]
 
 
-def check_int(value, name: str, where: str, low: int) -> int:
-    """``value`` as an int >= ``low``."""
+def check_int(value, name: str, where: str, low: int, optional: bool = False) -> int | None:
+    """``value`` as an int >= ``low`` (or None, when ``optional``)."""
+    if optional and value is None:
+        return None
+    kind = "None or an int" if optional else "an int"
     if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{where}: {name} must be an int, got {value!r} ({type(value).__name__})")
+        raise TypeError(f"{where}: {name} must be {kind}, got {value!r} ({type(value).__name__})")
     if value < low:
-        raise ValueError(f"{where}: {name} must be >= {low}, got {value}")
+        raise ValueError(f"{where}: {name} must be {kind} >= {low}, got {value}" if optional
+                         else f"{where}: {name} must be >= {low}, got {value}")
     return int(value)
 
 

@@ -38,6 +38,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import functional
+from .arguments import check_int, check_number
 from .autograd import DTypeError, ShapeError, current_scope, scope
 from .ops import AdditiveScores, MaskedSoftmax, ScaledDotProduct
 from .ops.movement import split
@@ -497,8 +498,7 @@ def scaled_dot_product(q: Tensor, k: Tensor, v: Tensor, mask=None, causal: bool 
         if causal and call.single:
             _fail(fname, f"causal=True needs many queries (..., T_q, d_k); got one query per "
                          f"row, q {q.shape}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"attention.{fname}: dropout must be in [0, 1), got {dropout}")
+        dropout = check_number(dropout, "dropout", f"attention.{fname}", low=0.0, high=1.0, high_open=True)
         scale = 1.0 / math.sqrt(k.shape[-1]) if scale is None else float(scale)
         if not need_weights and dropout == 0.0:
             inputs = (call.query, k, v) if call.mask is None else (call.query, k, v, call.mask)
@@ -576,7 +576,8 @@ def multi_head(query: Tensor, key: Tensor, value: Tensor, num_heads: int, W_q: T
         if key.shape[0] != B or value.shape[:2] != (B, S):
             _fail(fname, f"key {key.shape} and value {value.shape} must be (B={B}, S, *) with "
                          f"the same S")
-        if num_heads < 1 or E % num_heads:
+        num_heads = check_int(num_heads, "num_heads", f"attention.{fname}", 1)
+        if E % num_heads:
             _fail(fname, f"num_heads={num_heads} must divide the embedding size E={E}")
         D = E // num_heads
         packed = in_proj_weight is not None

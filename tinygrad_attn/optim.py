@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from .arguments import check_number
+from .arguments import check_flag, check_int, check_number
 from .autograd import DeviceError, DTypeError, ShapeError, enable_grad, outside_capture
 from .tensor import Tensor
 
@@ -386,8 +386,7 @@ class SGD(Optimizer):
         momentum = check_number(momentum, "momentum", "SGD", low=0.0)
         dampening = check_number(dampening, "dampening", "SGD")
         weight_decay = check_number(weight_decay, "weight_decay", "SGD", low=0.0)
-        if not isinstance(nesterov, (bool, np.bool_)):
-            raise TypeError(f"SGD: nesterov must be True or False, got {nesterov!r}")
+        nesterov = check_flag(nesterov, "nesterov", "SGD")
         if nesterov and (momentum == 0.0 or dampening != 0.0):
             raise ValueError(f"SGD: Nesterov momentum needs momentum > 0 and dampening 0, got "
                              f"momentum={momentum}, dampening={dampening}")
@@ -505,10 +504,8 @@ class WarmupCosine:
     def __init__(self, optimizer: Optimizer, warmup: int, total: int, final_ratio: float = 0.0):
         if not isinstance(optimizer, Optimizer):
             raise TypeError(f"WarmupCosine: expected an Optimizer, got {type(optimizer).__name__}")
-        if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-            raise ValueError(f"WarmupCosine: warmup must be an int >= 0, got {warmup!r}")
-        if isinstance(total, bool) or not isinstance(total, int) or total < max(warmup, 1):
-            raise ValueError(f"WarmupCosine: total must be an int >= max(warmup, 1), got {total!r}")
+        warmup = check_int(warmup, "warmup", "WarmupCosine", 0)
+        total = check_int(total, "total", "WarmupCosine", max(warmup, 1))
         self.final_ratio = check_number(final_ratio, "final_ratio", "WarmupCosine", low=0.0, high=1.0)
         self.optimizer, self.base, self.warmup, self.total = optimizer, optimizer.lr, warmup, total
         self.last_step = 0
@@ -562,10 +559,9 @@ class ReduceLROnPlateau:
             raise TypeError(f"ReduceLROnPlateau: expected an Optimizer, got {type(optimizer).__name__}")
         if mode not in ("max", "min"):
             raise ValueError(f"ReduceLROnPlateau: mode must be 'max' or 'min', got {mode!r}")
-        if not 0.0 < factor < 1.0:
-            raise ValueError(f"ReduceLROnPlateau: factor must be in (0, 1), got {factor!r}")
-        if isinstance(patience, bool) or not isinstance(patience, int) or patience < 0:
-            raise ValueError(f"ReduceLROnPlateau: patience must be an int >= 0, got {patience!r}")
+        factor = check_number(factor, "factor", "ReduceLROnPlateau", low=0.0, high=1.0, low_open=True,
+                              high_open=True)
+        patience = check_int(patience, "patience", "ReduceLROnPlateau", 0)
         self.optimizer, self.mode, self.factor, self.patience = optimizer, mode, float(factor), patience
         self.threshold = check_number(threshold, "threshold", "ReduceLROnPlateau", low=0.0)
         self.min_lr = check_number(min_lr, "min_lr", "ReduceLROnPlateau", low=0.0)

@@ -9,11 +9,11 @@ skips the padding.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from numbers import Integral
 from typing import NamedTuple
 
 import numpy as np
 
+from ..arguments import check_int
 from .vocab import END, PAD, START, Vocab
 
 __all__ = ["Batch", "batches", "sample_batches", "encode_batch"]
@@ -52,9 +52,7 @@ def _pad(rows: Sequence[Sequence[int]]) -> np.ndarray:
 
 
 def _check_batch_size(batch_size, where: str) -> int:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, Integral) or batch_size < 1:
-        raise ValueError(f"{where}: batch_size must be an int >= 1, got {batch_size!r}")
-    return int(batch_size)
+    return check_int(batch_size, "batch_size", where, 1)
 
 
 def _check_vocab(vocab, name: str, where: str) -> None:
@@ -170,9 +168,7 @@ def sample_batches(pairs: Sequence, src_vocab: Vocab, tgt_vocab: Vocab, batch_si
     """
     where = "sample_batches"
     batch_size = _check_batch_size(batch_size, where)
-    for name, value, low in (("start", start, 0), ("bucket", bucket, 1)):
-        if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
-            raise ValueError(f"{where}: {name} must be an int >= {low}, got {value!r}")
+    start, bucket = check_int(start, "start", where, 0), check_int(bucket, "bucket", where, 1)
     encoded = _encode_pairs(pairs, src_vocab, tgt_vocab, where)
     count, bucket = len(encoded), int(bucket)
 

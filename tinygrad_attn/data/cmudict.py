@@ -43,6 +43,7 @@ import functools
 import importlib
 import re
 
+from ..arguments import check_flag, check_int
 from .pairs import from_pairs
 from .tasks import Pair, Task
 
@@ -140,10 +141,8 @@ def cmudict(stress: bool = False, valid_fraction: float = 0.05, test_fraction: f
         [[['HH', 'AH', 'L', 'OW'], ['HH', 'EH', 'L', 'OW']]]
     """
     where = "cmudict"
-    if not isinstance(stress, bool):
-        raise TypeError(f"{where}: stress must be a bool, got {stress!r}")
-    if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
-        raise ValueError(f"{where}: max_len must be None or an int >= 1, got {max_len!r}")
+    check_flag(stress, "stress", where)
+    max_len = check_int(max_len, "max_len", where, 1, optional=True)
     _package()      # a clear message even when the entries are cached
     pairs: list[Pair] = [(list(word), list(phonemes)) for word, phonemes in _pronunciations(stress)]
     # from_pairs checks max_len, filters every split and says how many pairs it left out.

@@ -22,8 +22,8 @@ import os
 import stat
 import warnings
 from collections.abc import Sequence
-from numbers import Integral, Real
 
+from ..arguments import check_int, check_number
 from .tasks import Pair, Task
 from .tokens import check_level, tokenize
 from .vocab import Vocab
@@ -256,20 +256,6 @@ def _check_pairs(pairs, what: str, where: str) -> list[Pair]:
     return checked
 
 
-def _check_fraction(value, name: str, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real) or not 0 <= value < 1:
-        raise ValueError(f"{where}: {name} must be a number in [0, 1), got {value!r}")
-    return float(value)
-
-
-def _check_max_len(value, name: str, where: str) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-        raise ValueError(f"{where}: {name} must be None or an int >= 1, got {value!r}")
-    return int(value)
-
-
 def _unknown_warning(splits: dict[str, list[Pair]], src_vocab: Vocab, tgt_vocab: Vocab) -> str | None:
     """One sentence on the held-out tokens the training vocabularies lack, or None."""
     parts, examples = [], {}
@@ -348,13 +334,16 @@ def from_pairs(pairs: Sequence[Pair], name: str = "pairs", src_tokens: str = "ch
         given["valid"] = _check_pairs(valid, "valid", where)
     if test is not None:
         given["test"] = _check_pairs(test, "test", where)
-    valid_share = 0.0 if "valid" in given else _check_fraction(valid_fraction, "valid_fraction", where)
-    test_share = 0.0 if "test" in given else _check_fraction(test_fraction, "test_fraction", where)
+    def share(value, name: str) -> float:
+        return check_number(value, name, where, low=0.0, high=1.0, high_open=True)
+
+    valid_share = 0.0 if "valid" in given else share(valid_fraction, "valid_fraction")
+    test_share = 0.0 if "test" in given else share(test_fraction, "test_fraction")
     if valid_share + test_share >= 1:
         raise ValueError(f"{where}: valid_fraction + test_fraction must be below 1, "
                          f"got {valid_share} + {test_share}")
-    max_src_len = _check_max_len(max_src_len, "max_src_len", where)
-    max_tgt_len = _check_max_len(max_tgt_len, "max_tgt_len", where)
+    max_src_len = check_int(max_src_len, "max_src_len", where, 1, optional=True)
+    max_tgt_len = check_int(max_tgt_len, "max_tgt_len", where, 1, optional=True)
 
     given_sources = {split: {tuple(source) for source, _ in split_pairs}
                      for split, split_pairs in given.items()}

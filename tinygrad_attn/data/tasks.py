@@ -18,10 +18,10 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from numbers import Integral
 
 import numpy as np
 
+from ..arguments import check_flag, check_int, check_number
 from .phrases import PHRASES, SEED_PAIRS
 from .tokens import LEVELS, check_level, detokenize, tokenize
 from .vocab import Vocab
@@ -81,8 +81,7 @@ class Task:
             # The dataclass is frozen; this is the one place a field is filled in after __init__.
             object.__setattr__(self, "tgt_level", self.level)
         check_level(self.tgt_level, "tgt_level", "Task")
-        if not isinstance(self.lowercase, bool):
-            raise TypeError(f"Task: lowercase must be a bool, got {self.lowercase!r}")
+        check_flag(self.lowercase, "lowercase", "Task")
 
     def tokenize(self, text: str) -> list[str]:
         """Source text -> source tokens, the way this task's sources were made.
@@ -173,14 +172,6 @@ class Task:
         return (f"Task({self.name!r}, train={len(self.train)} pairs, valid={len(self.valid)} pairs, "
                 f"test={len(self.test)} pairs, src_vocab={len(self.src_vocab)} tokens, "
                 f"tgt_vocab={len(self.tgt_vocab)} tokens, {levels})")
-
-
-def _check_int(value, name: str, where: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{where}: {name} must be an int, got {value!r} ({type(value).__name__})")
-    if value < minimum:
-        raise ValueError(f"{where}: {name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,9 +281,9 @@ def dates(n_train: int = 20000, n_test: int = 500, seed: int = 0) -> Task:
         >>> ["".join(side) for side in task.test[0]]
         ['july 3rd, 2048', '2048-07-03']
     """
-    n_train = _check_int(n_train, "n_train", "dates", 1)
-    n_test = _check_int(n_test, "n_test", "dates", 0)
-    seed = _check_int(seed, "seed", "dates", 0)
+    n_train = check_int(n_train, "n_train", "dates", 1)
+    n_test = check_int(n_test, "n_test", "dates", 0)
+    seed = check_int(seed, "seed", "dates", 0)
     n_days = (LAST_DAY - FIRST_DAY).days + 1
     if n_test >= n_days:
         raise ValueError(f"dates: n_test={n_test} leaves no day for training: there are only "
@@ -353,11 +344,11 @@ def _symbol_sequences(rng, n_train: int, n_test: int, length: int, symbols: int,
 
 
 def _symbol_task(name: str, backwards: bool, length, n_train, n_test, symbols, seed) -> Task:
-    length = _check_int(length, "length", name, 1)
-    n_train = _check_int(n_train, "n_train", name, 1)
-    n_test = _check_int(n_test, "n_test", name, 0)
-    symbols = _check_int(symbols, "symbols", name, 1)
-    seed = _check_int(seed, "seed", name, 0)
+    length = check_int(length, "length", name, 1)
+    n_train = check_int(n_train, "n_train", name, 1)
+    n_test = check_int(n_test, "n_test", name, 0)
+    symbols = check_int(symbols, "symbols", name, 1)
+    seed = check_int(seed, "seed", name, 0)
     if symbols > len(ALPHABET):
         raise ValueError(f"{name}: symbols must be at most {len(ALPHABET)} (the letters a-z), got {symbols}")
     rng = np.random.default_rng(seed)
@@ -452,10 +443,8 @@ def phrases(test_fraction: float = 0.1, seed: int = 0) -> Task:
         >>> task.src_vocab.decode(task.src_vocab.encode(task.tokenize("I love my cat")))
         ['i', 'love', 'my', 'cat']
     """
-    if isinstance(test_fraction, bool) or not isinstance(test_fraction, int | float) \
-            or not 0 <= test_fraction < 1:
-        raise ValueError(f"phrases: test_fraction must be a number in [0, 1), got {test_fraction!r}")
-    seed = _check_int(seed, "seed", "phrases", 0)
+    test_fraction = check_number(test_fraction, "test_fraction", "phrases", low=0.0, high=1.0, high_open=True)
+    seed = check_int(seed, "seed", "phrases", 0)
     pairs = [(source.split(), target.split()) for source, target in PHRASES]
     keep = set(range(len(SEED_PAIRS)))      # PHRASES starts with the seed pairs
     n_test = round(test_fraction * len(pairs))

@@ -18,6 +18,8 @@ from numbers import Integral
 
 import numpy as np
 
+from ..arguments import check_int
+
 __all__ = ["Vocab", "PAD", "START", "END", "UNK", "SPECIALS"]
 
 PAD, START, END, UNK = 0, 1, 2, 3
@@ -103,8 +105,7 @@ class Vocab:
             >>> Vocab.build([["b", "a"], ["a"]], min_freq=2).tokens
             ['<pad>', '<start>', '<end>', '<unk>', 'a']
         """
-        if isinstance(min_freq, bool) or not isinstance(min_freq, Integral) or min_freq < 1:
-            raise ValueError(f"Vocab.build: min_freq must be an int >= 1, got {min_freq!r}")
+        check_int(min_freq, "min_freq", "Vocab.build", 1)
         tokens = []
         for sequence in sequences:
             _check_sequence(sequence, "Vocab.build")
