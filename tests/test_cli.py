@@ -363,8 +363,12 @@ def test_cli_graph_errors_are_one_line_with_status_2(tmp_path, copy_checkpoint, 
     a_file = tmp_path / "file.txt"
     a_file.write_text("")
     (tmp_path / "folder.svg").mkdir()
+    locked = tmp_path / "locked.svg"
+    locked.write_text("<svg/>")
+    locked.chmod(0o444)
     out = str(tmp_path / "g.svg")
     cases = [
+        (["graph", "--out", str(locked)], "is read-only"),
         (["graph", "--out", str(tmp_path / "g.txt")], "cannot tell the format from the suffix"),
         (["graph", "--out", str(a_file / "g.svg")], "cannot create the directory"),
         (["graph", "--out", str(tmp_path / "folder.svg")], "is a directory"),

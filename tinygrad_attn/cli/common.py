@@ -13,6 +13,7 @@ from pathlib import Path
 
 import tinygrad_attn as ta
 
+from ..arguments import check_writable_file
 from ..serialize import SerializationError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -209,23 +210,18 @@ def build_model(src_vocab, tgt_vocab, arch: str = "seq2seq", **config):
 
 
 def writable(path: Path, flag: str = "--out") -> Path:
-    """Check an output file can be written before the work, not after it, as the writes do
-    it (``ta.serialize.atomic_file``): through a link to its target, in place for a FIFO or
-    a device, else beside the file and renamed over it."""
-    if path.is_dir():
-        raise UsageError(f"{flag} {path} is a directory; give a file name")
-    if path.exists() and not path.is_file():
-        return path                                  # a FIFO, a terminal, /dev/null
-    target = Path(os.path.realpath(path))
+    """Check an output file can be written before the work, not after it: the library's check
+    (``ta.arguments.check_writable_file``, the way ``atomic_file`` writes), after making the
+    folder the file goes in, as a command line user expects of an output path."""
+    if not path.is_dir() and not path.exists():
+        try:
+            Path(os.path.realpath(path)).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UsageError(f"cannot create the directory of {flag} {path}: {err}") from None
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise UsageError(f"cannot create the directory of {flag} {path}: {err}") from None
-    if not os.access(target.parent, os.W_OK):
-        raise UsageError(f"cannot write to {target.parent} (for {flag} {path})")
-    if target.exists() and (not os.access(target, os.W_OK) or not target.stat().st_mode & 0o222):
-        raise UsageError(f"{flag} {path} is read-only")
-    return path
+        return check_writable_file(path, flag, "tinygrad-attn")
+    except ValueError as err:
+        raise UsageError(str(err).removeprefix("tinygrad-attn: ")) from None
 
 
 def regular_output(path: Path, flag: str, why: str) -> Path:
