@@ -27,23 +27,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-__all__ = [
-    "Op",
-    "Node",
-    "DeferredGrad",
-    "Example",
-    "register",
-    "registry",
-    "no_grad",
-    "enable_grad",
-    "is_grad_enabled",
-    "scope",
-    "current_scope",
-    "detect_anomaly",
-    "ShapeError",
-    "DTypeError",
-    "DeviceError",
-]
+__all__ = ["Node", "current_scope"]
 
 
 class ShapeError(ValueError):

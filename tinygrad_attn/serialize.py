@@ -47,8 +47,7 @@ import numpy as np
 from .nn.module import Module
 from .tensor import Tensor
 
-__all__ = ["save", "load", "SerializationError", "FORMAT", "VERSION", "MAX_DEPTH", "MAX_INFLATION",
-           "INFLATION_ALLOWANCE"]
+__all__ = ["FORMAT", "VERSION", "MAX_DEPTH", "MAX_INFLATION", "INFLATION_ALLOWANCE"]
 
 FORMAT = "tinygrad_attn.checkpoint"
 VERSION = 1

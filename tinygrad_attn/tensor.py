@@ -47,7 +47,7 @@ from .ops import (
     Where,
 )
 
-__all__ = ["Tensor", "cat", "stack", "where", "default_float", "DTYPES"]
+__all__ = ["default_float", "DTYPES"]
 
 default_float = np.dtype(np.float32)
 DTYPES = tuple(np.dtype(d) for d in ("float32", "float64", "int32", "int64", "bool"))

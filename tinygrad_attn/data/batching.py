@@ -16,8 +16,6 @@ import numpy as np
 from ..arguments import check_int
 from .vocab import END, PAD, START, Vocab
 
-__all__ = ["Batch", "batches", "sample_batches", "encode_batch"]
-
 
 class Batch(NamedTuple):
     """One padded batch.

@@ -9,8 +9,6 @@ from __future__ import annotations
 from .cmudict import cmudict
 from .tasks import Task, copy, dates, phrases, reverse
 
-__all__ = ["TASKS", "load"]
-
 _FACTORIES = {"dates": dates, "copy": copy, "reverse": reverse, "phrases": phrases, "cmudict": cmudict}
 TASKS = tuple(_FACTORIES)
 

@@ -28,9 +28,6 @@ from .tasks import Pair, Task
 from .tokens import check_level, tokenize
 from .vocab import Vocab
 
-__all__ = ["DataError", "read_pairs", "from_pairs", "references", "split_point", "MAX_LINE_BYTES",
-           "MAX_STREAM_BYTES"]
-
 #: The longest line ``read_pairs`` reads, in bytes of UTF-8 without its "\n" or "\r\n": 1 MiB,
 #: at least 262,144 characters. Real pairs are far shorter (CMUdict's longest entry has 109
 #: bytes, a long sentence a few hundred), and a side of even 10,000 tokens is past what a model

@@ -8,8 +8,6 @@ The first pairs are the lecture notes' examples; ``SEED_PAIRS`` names them, and 
 
 from __future__ import annotations
 
-__all__ = ["PHRASES", "SEED_PAIRS"]
-
 # The lecture notes' examples. "cats do not like dogs" shows why attention helps: the
 # negation comes before the verb in English ("do not like") but after it in German
 # ("mögen keine").

@@ -23,10 +23,10 @@ import numpy as np
 
 from ..arguments import check_flag, check_int, check_number
 from .phrases import PHRASES, SEED_PAIRS
-from .tokens import LEVELS, check_level, detokenize, tokenize
+from .tokens import check_level, detokenize, tokenize
 from .vocab import Vocab
 
-__all__ = ["Task", "Pair", "LEVELS", "dates", "copy", "reverse", "phrases", "DATE_FORMATS", "format_date"]
+__all__ = ["Pair"]
 
 Pair = tuple[list[str], list[str]]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 
-__all__ = ["LEVELS", "tokenize", "detokenize", "check_level"]
+__all__ = ["tokenize", "detokenize", "check_level"]
 
 LEVELS = ("char", "word", "space")
 

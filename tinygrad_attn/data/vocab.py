@@ -20,8 +20,6 @@ import numpy as np
 
 from ..arguments import check_int
 
-__all__ = ["Vocab", "PAD", "START", "END", "UNK", "SPECIALS"]
-
 PAD, START, END, UNK = 0, 1, 2, 3
 SPECIALS = ("<pad>", "<start>", "<end>", "<unk>")
 

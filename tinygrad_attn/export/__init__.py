@@ -12,6 +12,8 @@ continues training in torch's distributed engine.  The torch module is not impor
 imports torch); ``import tinygrad_attn.export.torch``.
 """
 
-from .onnx_export import OnnxExport, OnnxModel, UnsupportedOpError, graph_to_onnx, onnx
+from .onnx_export import OnnxExport, OnnxModel, onnx
+from .onnx_graph import graph_to_onnx
+from .onnx_ops import UnsupportedOpError
 
 __all__ = ["onnx", "OnnxModel", "OnnxExport", "graph_to_onnx", "UnsupportedOpError"]

@@ -35,11 +35,7 @@ from ..ops import Embedding
 from ..ops.nn import check_ids
 from ..serialize import atomic_file
 from . import onnx_seq2seq, onnx_transformer
-from .onnx_graph import graph_to_onnx
-from .onnx_ops import OPSET, UnsupportedOpError, require, supported_ops
-
-__all__ = ["onnx", "graph_to_onnx", "OnnxModel", "OnnxExport", "UnsupportedOpError",
-           "OPSET", "supported_ops"]
+from .onnx_ops import OPSET, require
 
 SPECIAL_IDS = {"pad": PAD, "start": START, "end": END, "unk": UNK}
 

@@ -17,8 +17,6 @@ from ..data.vocab import PAD
 from ..tensor import Tensor
 from .onnx_ops import LOWERINGS, OPSET, UnsupportedOpError, onnx_type, require
 
-__all__ = ["graph_to_onnx"]
-
 
 class Graph:
     """The nodes of one ONNX graph (the main graph or a Scan body).  Initializers always go

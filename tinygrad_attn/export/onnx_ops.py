@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-__all__ = ["LOWERINGS", "OPSET", "UnsupportedOpError", "supported_ops"]
+__all__ = ["LOWERINGS", "OPSET", "supported_ops"]
 
 OPSET = 17
 INSTALL_HINT = "pip install 'tinygrad_attn[onnx]'"
