@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-__all__ = ["manual_seed", "generator", "using"]
+__all__ = ["generator", "using"]           # manual_seed is ta.manual_seed, as torch.manual_seed
 
 _generator = np.random.default_rng(0)
 _local = threading.local()          # a thread's own generator, while ``using`` one
