@@ -8,12 +8,12 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || ! command -v sudo >/dev/null 2>&1 || echo sudo)
 
-.PHONY: demo test test-cuda lint setup dot clean
+.PHONY: demo test test-cuda lint setup dot browser clean
 
 demo: setup dot
 	$(VENV)/bin/tinygrad-attn demo
 
-test: setup dot lint
+test: setup dot browser lint
 	$(PY) -m pytest
 	@$(MAKE) --no-print-directory test-cuda
 
@@ -59,6 +59,17 @@ dot:
 	    $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq graphviz >/dev/null; \
 	  else \
 	    echo "Graphviz 'dot' is missing and apt-get is not available: install Graphviz (e.g. 'brew install graphviz' or 'dnf install graphviz')"; \
+	    exit 1; \
+	  fi; }
+
+# Chromium and its WebDriver open the attention explorer in the browser tests (Debian's packages).
+browser:
+	@{ command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; } || { \
+	  if command -v apt-get >/dev/null 2>&1; then \
+	    echo "Chromium or chromedriver is missing: installing chromium and chromium-driver with apt-get"; \
+	    $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	  else \
+	    echo "Chromium and chromedriver are missing and apt-get is not available: install them for the browser tests"; \
 	    exit 1; \
 	  fi; }
 

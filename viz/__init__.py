@@ -10,6 +10,7 @@ inputs, scope), or a compiled plan's source; nothing in the engine imports this 
     >>> viz.graph(step)               # a ta.compile'd step's plan: its kernel calls, fused ones
     ...                               # labelled with their formula
     >>> print(viz.format_attention(weights, list("3 may"), list("05-03")))   # as text
+    >>> viz.explore(model, "3 may 1998", task, path="attention.html")     # in the browser
 
 Loading this package also makes Jupyter show a tensor that has a graph as its picture
 (``notebook_display`` turns that off and on).
@@ -17,6 +18,7 @@ Loading this package also makes Jupyter show a tensor that has a graph as its pi
 
 from tinygrad_attn.tensor import Tensor
 
+from .explore import Explorer, explore
 from .graph import (
     FORMATS,
     MAX_VALUES,
@@ -34,8 +36,8 @@ from .heatmap import heatmap
 from .plan import plan_graph as _plan_graph  # noqa: F401 - loading it lets graph() draw compiled plans
 from .text import format_attention, nodes, row_labels, summary
 
-__all__ = ["heatmap", "format_attention", "row_labels", "nodes", "summary", "graph", "render", "Drawing",
-           "notebook_display", "GraphvizNotFound", "FORMATS", "MAX_VALUES", "RENDER_MAX_NODES",
-           "NOTEBOOK_COLLAPSE_ABOVE", "NOTEBOOK_MAX_NODES"]
+__all__ = ["heatmap", "explore", "Explorer", "format_attention", "row_labels", "nodes", "summary", "graph",
+           "render", "Drawing", "notebook_display", "GraphvizNotFound", "FORMATS", "MAX_VALUES",
+           "RENDER_MAX_NODES", "NOTEBOOK_COLLAPSE_ABOVE", "NOTEBOOK_MAX_NODES"]
 
 Tensor._graph_svg = staticmethod(_notebook_svg)

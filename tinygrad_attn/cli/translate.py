@@ -24,6 +24,7 @@ from .common import (
     positive_int,
     refuse_inputs,
     set_threads,
+    writable,
 )
 
 
@@ -48,6 +49,10 @@ def add_parser(commands) -> None:
     translate.add_argument("--heatmap", default=None, metavar="PATH",
                            help="also draw the attention of the chosen (best) hypothesis to PATH (needs "
                                 "ta.viz.heatmap); with several texts, PATH-1, PATH-2, ...")
+    translate.add_argument("--explore", default=None, metavar="PATH",
+                           help="also write an attention explorer for the one TEXT to PATH: a self-contained "
+                                "HTML page (ta.viz.explore) with every layer and head, and with --n-best "
+                                "every hypothesis; an existing file is replaced only if it is such a page")
     translate.add_argument("--batch-size", type=positive_int, default=256,
                            help="with '-': lines decoded at once (default 256)")
     add_threads(translate)
@@ -65,6 +70,8 @@ def run(args) -> int:
         return _translate_stream(model, info, args, decoding)
     if "-" in args.texts:
         raise UsageError("'-' (read standard input) cannot be mixed with TEXT arguments")
+    if args.explore is not None:
+        _check_explore(args, model)
     if args.heatmap is not None and model.attention_kind is None:
         raise UsageError(f"{args.checkpoint} is a model without attention: there is no heatmap to draw")
     if args.heatmap is not None:
@@ -96,7 +103,37 @@ def run(args) -> int:
             _draw(model, info, args, index, source, tokens, attention)
         if index < len(args.texts):
             print()
+    if args.explore is not None:
+        _explore(model, info, args, decoding)
     return EXIT_OK
+
+
+def _check_explore(args, model) -> None:
+    """Refuse --explore before any work: one TEXT, a model with attention, a path that can be
+    written and holds no file of the user's."""
+    if len(args.texts) != 1:
+        raise UsageError(f"--explore writes one page for one TEXT, got {len(args.texts)} texts; translate "
+                         f"them one at a time")
+    if model.attention_kind is None:
+        raise UsageError(f"{args.checkpoint} is a model without attention: there is nothing to explore")
+    path = Path(args.explore)
+    refuse_inputs(path, f"--explore {path}", [(f"CHECKPOINT {args.checkpoint}", args.checkpoint)])
+    writable(path, "--explore")
+    if not ta.viz.Explorer.replaceable(path):
+        raise UsageError(f"--explore {path} exists and is not an attention explorer written by "
+                         f"tinygrad-attn; remove it or choose another path")
+
+
+def _explore(model, info, args, decoding: dict) -> None:
+    """The page.  ``explore`` decodes the text again, as above but eagerly (compiled decoding gives
+    the same outputs, bit for bit), to read the weights of that decode."""
+    try:
+        with model_errors():
+            ta.viz.explore(model, args.texts[0], info, beam=decoding["beam"], n_best=args.n_best,
+                           length_penalty=decoding["length_penalty"], path=args.explore, overwrite=True)
+    except OSError as err:
+        raise UsageError(f"cannot write --explore {args.explore}: {err}") from None
+    print(f"wrote the attention explorer to {args.explore}")
 
 
 def _draw(model, info, args, index: int, source: list, tokens: list, attention) -> None:
@@ -118,8 +155,9 @@ def _draw(model, info, args, index: int, source: list, tokens: list, attention) 
 def _translate_stream(model, info, args, decoding: dict) -> int:
     """Every line of stdin, checked first (so bad input writes nothing), then decoded in
     batches; one output line per input line."""
-    if args.heatmap is not None:
-        raise UsageError("--heatmap draws one picture per TEXT; it does not apply to '-'")
+    if args.heatmap is not None or args.explore is not None:
+        flag = "--heatmap draws one picture" if args.heatmap is not None else "--explore writes one page"
+        raise UsageError(f"{flag} per TEXT; it does not apply to '-'")
     # Bytes, decoded here: the locale's encoding may not be UTF-8, and only "\n" ends a line
     # (str.splitlines also splits at form feeds and U+2028), as in files of pairs.
     # Bounded as files of pairs are: standard input may never end (`translate m.ckpt - < /dev/zero`).
