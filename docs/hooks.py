@@ -1,0 +1,72 @@
+"""MkDocs hooks for the documentation site (mkdocs.yml names this file under `hooks:`).
+
+Two jobs:
+
+- The API reference is read from the source by griffe, which looks packages up on disk. The
+  package installs `compiler/` and `viz/` from the repository root *inside* itself
+  (`tinygrad_attn.compiler`, `tinygrad_attn.viz`), a layout no search path shows. So before
+  mkdocstrings starts, a temporary folder gets a `tinygrad_attn` made of links: the package's
+  own files plus `compiler` and `viz`, the tree as it is installed.
+- Every course notebook (`docs/course/*.py`, jupytext's percent format, rendered and executed by
+  mkdocs-jupyter) is also written into the site as a `.ipynb` to download, and its page links it.
+"""
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from mkdocs.plugins import event_priority
+from mkdocs.structure.files import File
+
+ROOT = Path(__file__).resolve().parents[1]
+COURSE = "course/"
+_farm: Path | None = None
+
+
+@event_priority(100)        # before mkdocstrings' own on_config reads its handler options
+def on_config(config):
+    global _farm
+    if _farm is None:                   # `mkdocs serve` calls on_config again at every rebuild
+        _farm = Path(tempfile.mkdtemp(prefix="tinygrad_attn_docs_"))
+        package = _farm / "tinygrad_attn"
+        package.mkdir()
+        for entry in (ROOT / "tinygrad_attn").iterdir():
+            if entry.name != "__pycache__":
+                (package / entry.name).symlink_to(entry)
+        for folder in ("compiler", "viz"):
+            (package / folder).symlink_to(ROOT / folder)
+    if "mkdocstrings" in config.plugins:
+        python = config.plugins["mkdocstrings"].config.handlers.setdefault("python", {})
+        python["paths"] = [str(_farm)]
+    return config
+
+
+def on_shutdown():
+    global _farm
+    if _farm is not None:
+        shutil.rmtree(_farm, ignore_errors=True)
+        _farm = None
+
+
+def _is_notebook(src_uri: str) -> bool:
+    return src_uri.startswith(COURSE) and src_uri.endswith(".py")
+
+
+def on_files(files, config):
+    import jupytext
+
+    for file in list(files):
+        if _is_notebook(file.src_uri):
+            notebook = jupytext.read(file.abs_src_path, fmt="py:percent")
+            content = jupytext.writes(notebook, fmt="ipynb")
+            files.append(File.generated(config, file.src_uri[:-3] + ".ipynb", content=content))
+    return files
+
+
+def on_page_content(html, page, config, files):
+    if _is_notebook(page.file.src_uri):
+        name = Path(page.file.src_uri).stem + ".ipynb"
+        link = (f'<p class="notebook-download"><a href="../{name}" download>'
+                f"Download this notebook ({name})</a></p>\n")
+        return link + html
+    return html
