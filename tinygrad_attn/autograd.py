@@ -89,6 +89,7 @@ class enable_grad(contextlib.ContextDecorator):
 
 
 def is_grad_enabled() -> bool:
+    """Whether ops record graph nodes now (False inside ``no_grad``), as ``torch.is_grad_enabled``."""
     return _state.grad_enabled
 
 

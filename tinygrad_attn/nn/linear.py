@@ -15,7 +15,8 @@ class Linear(Module):
     """y = x W^T + b, as ``torch.nn.Linear`` (same parameter names, shapes and initialisation).
 
     Args:
-        in_features, out_features: sizes of x's last axis and of y's.
+        in_features: the size of x's last axis.
+        out_features: the size of y's last axis.
         bias: learn b (out_features,).
 
     Example:

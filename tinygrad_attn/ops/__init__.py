@@ -33,7 +33,7 @@ from .elementwise import (
     Where,
 )
 from .linalg import Linear, MatMul
-from .movement import Cat, Expand, GetItem, Permute, Reshape, Stack
+from .movement import Cat, Expand, GetItem, Permute, Reshape, Split, Stack
 from .nn import CrossEntropy, Dropout, Embedding, LayerNorm, LogSoftmax, NLLLoss, Softmax
 from .reduce import Max, Mean, Sum
 from .rnn import GRUCell, GRUGates, LSTMCellState, LSTMHidden
@@ -44,7 +44,7 @@ __all__ = [
     "Add", "Sub", "Mul", "Div", "Neg", "Pow", "Exp", "Log", "Tanh", "Sigmoid", "Relu",
     "LeakyRelu", "Gelu", "GeluTanh", "Where", "MaskedFill", "Cast", "Linear", "MatMul", "Reshape",
     "Permute", "Expand",
-    "GetItem", "Cat", "Stack", "Sum", "Mean", "Max", "Softmax", "LogSoftmax", "CrossEntropy",
+    "GetItem", "Cat", "Split", "Stack", "Sum", "Mean", "Max", "Softmax", "LogSoftmax", "CrossEntropy",
     "NLLLoss", "Embedding", "Dropout", "LayerNorm", "MaskedSoftmax", "AdditiveScores",
     "ScaledDotProduct", "GRUGates", "GRUCell", "LSTMCellState", "LSTMHidden",
 ]
