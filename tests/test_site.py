@@ -26,7 +26,6 @@ yaml = optional.module("yaml", DOCS_REASON)          # PyYAML comes with MkDocs
 # the code, not here: (file, message). A new warning fails; so does an entry that no longer
 # occurs (delete it), so that this list only shrinks.
 KNOWN_DOCSTRING_WARNINGS = {
-    ("tinygrad_attn/attention.py", "Parameter 'values, mask' does not appear in the function signature"),
     ("tinygrad_attn/functional.py", "Parameter 'b_ih, b_hh' does not appear in the function signature"),
     ("tinygrad_attn/models/seq2seq.py",
      "Parameter 'src_vocab, tgt_vocab' does not appear in the function signature"),
@@ -35,8 +34,6 @@ KNOWN_DOCSTRING_WARNINGS = {
     ("tinygrad_attn/models/transformer.py",
      "Failed to get 'name: description' pair from 'd_model, nhead, num_encoder_layers, "
      "num_decoder_layers, dim_feedforward, dropout,'"),
-    ("tinygrad_attn/nn/linear.py",
-     "Parameter 'in_features, out_features' does not appear in the function signature"),
     ("tinygrad_attn/nn/rnn.py",
      "Parameter 'input_size, hidden_size' does not appear in the function signature"),
 }
