@@ -10,7 +10,12 @@
                     torch.nn.TransformerEncoderLayer(batch_first=True) with the same weights.
     transformer     the training step of bench/transformer.py (ta.models.Transformer d_model 128,
                     4 heads, 2+2 layers, feed-forward 512, batch 32, lengths 20, Adam), in ms;
-                    skipped with a note when the capture refuses the model's step.
+                    skipped with a note when the capture refuses the model's step.  Also
+                    ``fused``: the step under ta.compile(fuse=True), with its same-repeat ratio
+                    to the unfused compiled step.
+    chains          (only with --only chains) fused against unfused replay of single elementwise
+                    chains at 64 to 262,144 elements, float32 and float64: the figures behind
+                    compiler/fuse.py's "cpu" rules (MIN_ELEMENTS, transcendental members).
 
 The training steps also time ``torch.compile`` (Inductor on CPU) of the torch twin's loss, its
 backward compiled through AOTAutograd, Adam eager (``inductor``): a contender, not a target.
@@ -18,17 +23,19 @@ Its compile (the first call) is reported apart from the per-step time; where Ind
 one line says why and the bench goes on without it (``--no-inductor`` leaves it out).
 
 Each compiled step is first checked against an eager twin (three steps from the same weights:
-the parameters must agree bitwise, as nothing is fused yet) and its capture is timed.
+the parameters must agree bitwise unfused; fused, their largest relative difference is
+printed) and its capture is timed.
 Contenders alternate within each repeat; ratios are of medians from the same run (absolute
 times drift by 25-40% between runs on shared machines).
 
 Run:  .venv/bin/python bench/compiled.py [--repeats 7] [--budget 0.2] [--threads 1|2]
-          [--only tiny|mlp|layer|transformer] [--no-inductor]
+          [--only tiny|mlp|layer|transformer|chains] [--dtypes float32,float64] [--no-inductor]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import statistics
 import sys
@@ -59,21 +66,27 @@ def report(times: dict) -> None:
                   if other in med and other != name and name != "torch"]
         if name == "compiled" and "inductor" in med:
             ratios.append(f"{med[name] / med['inductor']:.2f}x inductor")
+        if name == "fused" and "compiled" in med:
+            pairs = zip(times["fused"], times["compiled"], strict=True)
+            same_run = statistics.median(f / c for f, c in pairs)
+            ratios.append(f"{same_run:.2f}x compiled (median of same-repeat ratios)")
         if ratios:
             line += "   takes " + ", ".join(ratios)
         print(line)
 
 
-def twins(make):
-    """Two engine models with the same weights: one compiled, one eager."""
+def twins(make, count: int = 2):
+    """Engine models with the same weights: compiled, eager (and compiled with fusion)."""
     ta.manual_seed(0)
-    first, second = make(), make()
-    second.load_state_dict(first.state_dict())
-    return first, second
+    models = [make() for _ in range(count)]
+    for other in models[1:]:
+        other.load_state_dict(models[0].state_dict())
+    return models
 
 
 def check_and_capture(compiled_step, eager_step, compiled_params, eager_params, inputs) -> None:
-    """Time the capture, then hold the compiled steps to the eager ones, parameter by parameter."""
+    """Time the capture, then hold the compiled steps to the eager ones, parameter by parameter
+    (a step compiled with fusion differs by rounding: its worst relative difference is shown)."""
     t0 = time.perf_counter()
     compiled_step(*inputs)
     capture = time.perf_counter() - t0
@@ -81,12 +94,14 @@ def check_and_capture(compiled_step, eager_step, compiled_params, eager_params, 
     for _ in range(CHECK_STEPS - 1):
         compiled_step(*inputs)
         eager_step(*inputs)
-    worst = max(float(np.abs(p.numpy() - q.numpy()).max())
+    worst = max(float(np.abs(p.numpy() - q.numpy()).max() / max(np.abs(q.numpy()).max(), 1e-30))
                 for p, q in zip(compiled_params, eager_params, strict=True))
-    print(f"  first capture {capture * 1e3:.0f} ms; {compiled_step.stats.captures} captures, "
-          f"{compiled_step.plans[-1].calls} kernel calls a replay; after {CHECK_STEPS} steps the "
-          f"compiled and eager parameters "
-          + ("agree bitwise" if worst == 0.0 else f"differ by up to {worst:.3g}"))
+    name = "fused" if compiled_step.fuse else "compiled"
+    fused = sum(len(plan.chains) for plan in compiled_step.plans[-1:])
+    print(f"  {name}: first capture {capture * 1e3:.0f} ms; {compiled_step.stats.captures} captures, "
+          f"{compiled_step.plans[-1].calls} kernel calls a replay" + (f" ({fused} fused)" if fused else "")
+          + f"; after {CHECK_STEPS} steps its parameters and eager's "
+          + ("agree bitwise" if worst == 0.0 else f"differ by up to {worst:.3g} (relative)"))
 
 
 def bench_tiny(args) -> None:
@@ -139,7 +154,8 @@ class MLP(ta.nn.Module):
 
 
 def _engine_steps(models, loss_of, inputs):
-    """(compiled step, eager step) over twin models, each with its own Adam."""
+    """(compiled step, eager step) over twin models, each with its own Adam; with four twins,
+    (compiled, eager, compiled with fusion): the fourth is the fused step's eager twin."""
     optimizers = [ta.optim.Adam(m.parameters(), lr=1e-3) for m in models]
 
     def step_of(model, optimizer):
@@ -154,7 +170,12 @@ def _engine_steps(models, loss_of, inputs):
     compiled = ta.compile(step_of(models[0], optimizers[0]))
     eager = step_of(models[1], optimizers[1])
     check_and_capture(compiled, eager, models[0].parameters(), models[1].parameters(), inputs)
-    return compiled, eager
+    if len(models) < 4:
+        return compiled, eager
+    fused = ta.compile(step_of(models[2], optimizers[2]), fuse=True)
+    check_and_capture(fused, step_of(models[3], optimizers[3]), models[2].parameters(),
+                      models[3].parameters(), inputs)
+    return compiled, eager, fused
 
 
 def _torch_step(model, loss_of, inputs):
@@ -270,15 +291,16 @@ def bench_layer(args) -> None:
 
 def bench_transformer(args) -> None:
     print("transformer (d_model 128, 4 heads, 2+2 layers, ff 512; batch 32, lengths 20) step, ms:")
-    models = twins(transformer_model)
+    models = twins(transformer_model, 4)
     arrays = transformer_batch()
     inputs = tuple(ta.Tensor(a) for a in arrays)
     try:
-        compiled, eager = _engine_steps(models, lambda m, *ids: m.loss(*ids), inputs)
+        compiled, eager, fused = _engine_steps(models, lambda m, *ids: m.loss(*ids), inputs)
     except ta.CaptureError as error:
         print(f"  skipped: the capture refuses the model's step: {error}")
         return
-    contenders = {"eager": lambda: eager(*inputs), "compiled": lambda: compiled(*inputs)}
+    contenders = {"eager": lambda: eager(*inputs), "compiled": lambda: compiled(*inputs),
+                  "fused": lambda: fused(*inputs)}
     if torch is not None:
         twin = models[1].to_torch()
         torch_inputs = tuple(torch.from_numpy(a) for a in arrays)
@@ -287,12 +309,62 @@ def bench_transformer(args) -> None:
     report(run_alternating(contenders, args.repeats, args.budget))
 
 
+def _gelu_tanh(x):
+    inner = (x + x * x * x * 0.044715) * float(np.sqrt(2.0 / np.pi))
+    return x * 0.5 * (inner.tanh() + 1.0)
+
+
+CHAINS = {
+    "a*b+a": lambda a, b: a * b + a,
+    "(a-b)*(a+b)*a": lambda a, b: (a - b) * (a + b) * a,
+    "tanh(a*b)+b": lambda a, b: (a * b).tanh() + b,
+    "exp(a-b)*b": lambda a, b: (a - b).exp() * b,
+    "a*0.5+b": lambda a, b: a * 0.5 + b,
+    "gelu_tanh(a)*b": lambda a, b: _gelu_tanh(a) * b,
+}
+
+
+def bench_chains(args) -> None:
+    """Fused against unfused replay of one elementwise chain (forward alone, under no_grad),
+    at sizes from 64 to 262,144 elements: where one Numba kernel beats numpy's calls."""
+    from tinygrad_attn.compiler import fuse as fusing
+
+    print("elementwise chains, forward replay (no grad), us; fused/unfused = median of same-repeat ratios:")
+    # Fuse at every size and every member here: what fuse.py's two cpu rules were measured by.
+    rules = fusing.MIN_ELEMENTS, fusing.SCALAR_MATH
+    fusing.MIN_ELEMENTS, fusing.SCALAR_MATH = 0, {}
+    try:
+        for dtype in args.dtypes.split(","):
+            for name, fn in CHAINS.items():
+                if args.chain and name not in args.chain:
+                    continue
+                for n in (64, 256, 1024, 4096, 16384, 65536, 262144):
+                    rng = np.random.default_rng(0)
+                    a, b = (ta.Tensor(rng.uniform(-2, 2, n), dtype=dtype) for _ in range(2))
+                    steps = {"unfused": ta.compile(fn), "fused": ta.compile(fn, fuse=True)}
+                    with ta.no_grad():
+                        want, got = (steps[k](a, b).numpy() for k in ("unfused", "fused"))
+                        assert "= fused_" in steps["fused"].source, steps["fused"].source
+                        equal = np.allclose(got, want, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-6)
+                        times = run_alternating({k: functools.partial(s, a, b) for k, s in steps.items()},
+                                                args.repeats, args.budget / 4, unit=1e6)
+                    ratio = statistics.median(f / u for f, u in zip(times["fused"], times["unfused"],
+                                                                    strict=True))
+                    print(f"  {name:<15} {dtype} n={n:<7d} unfused {statistics.median(times['unfused']):9.2f}"
+                          f"  fused {statistics.median(times['fused']):9.2f}  fused/unfused {ratio:.2f}"
+                          + ("" if equal else "  NOT EQUAL"), flush=True)
+    finally:
+        fusing.MIN_ELEMENTS, fusing.SCALAR_MATH = rules
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--budget", type=float, default=0.2, help="seconds per measurement")
     parser.add_argument("--threads", type=int, default=None, help="pin every thread pool to N")
-    parser.add_argument("--only", choices=["tiny", "mlp", "layer", "transformer"], default=None)
+    parser.add_argument("--only", choices=["tiny", "mlp", "layer", "transformer", "chains"], default=None)
+    parser.add_argument("--dtypes", default="float32,float64", help="the chains' dtypes")
+    parser.add_argument("--chain", action="append", choices=list(CHAINS), help="only these chains")
     parser.add_argument("--no-inductor", action="store_true",
                         help="leave out torch.compile (its compile takes seconds to minutes a step)")
     args = parser.parse_args(argv)
@@ -303,9 +375,10 @@ def main(argv=None) -> None:
     if torch is None:
         print("# torch is not installed: the engine is timed alone")
     since = cpu_seconds()
-    benches = {"tiny": bench_tiny, "mlp": bench_mlp, "layer": bench_layer, "transformer": bench_transformer}
+    benches = {"tiny": bench_tiny, "mlp": bench_mlp, "layer": bench_layer, "transformer": bench_transformer,
+               "chains": bench_chains}
     for name, bench in benches.items():
-        if args.only in (None, name):
+        if args.only == name or args.only is None and name != "chains":
             bench(args)
     others_note(since, "during the run")
 

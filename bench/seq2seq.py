@@ -6,6 +6,10 @@ backward and an Adam update, against the same model in PyTorch eager, float32.
     ta [numpy]    the same on the numpy reference device (no compiled kernels)
     ta compiled   the cpu step under ta.compile (ids as Tensors: masks are kernels, every
                   step masked), replayed; checked bit for bit against an eager twin first
+    ta fused      the same under ta.compile(fuse=True): elementwise chains fused
+                  (compiler/fuse.py); its weights after three steps are compared with an eager
+                  twin's (rounding only), and its time with compiled's as the median of
+                  same-repeat ratios
     torch         the same model written the usual PyTorch way: nn.GRU runs the encoder in
                   one call (its time loop is in C++), a GRUCell and the additive score run
                   the decoder step by step, torch.optim.Adam; the same weights
@@ -98,9 +102,10 @@ class TorchSeq2Seq(torch.nn.Module if torch else object):
                                                  ignore_index=0)
 
 
-def compiled_step(hidden: int, size: int):
+def compiled_step(hidden: int, size: int, fuse: bool = False):
     """The cpu step under ``ta.compile`` (one capture for the first call's None gradients, one
-    after), and whether three of its steps leave the weights an eager twin's three leave."""
+    after), and the largest relative difference between the weights three of its steps leave
+    and those an eager twin's three leave (0.0: bit for bit)."""
     models = []
     for _ in range(2):
         ta.manual_seed(0)
@@ -109,14 +114,14 @@ def compiled_step(hidden: int, size: int):
         models.append((model, ta.optim.Adam(model.parameters(), lr=1e-3)))
     ids = [ta.Tensor(a) for a in batch(size, 1)]
     (model, optimizer), (twin, twin_optimizer) = models
-    step = ta.compile(lambda *tensors: training_step(model, optimizer, *tensors)())
+    step = ta.compile(lambda *tensors: training_step(model, optimizer, *tensors)(), fuse=fuse)
     eager = training_step(twin, twin_optimizer, *ids)
     for _ in range(3):
         step(*ids)
         eager()
-    same = all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(model.parameters(), twin.parameters(),
-                                                                     strict=True))
-    return same, lambda: step(*ids)
+    worst = max(float(np.abs(a.numpy() - b.numpy()).max() / max(np.abs(b.numpy()).max(), 1e-30))
+                for a, b in zip(model.parameters(), twin.parameters(), strict=True))
+    return worst, step, lambda: step(*ids)
 
 
 def torch_step(model, hidden: int, size: int):
@@ -139,14 +144,20 @@ def main(argv=None) -> None:
         print("# torch is not installed: the engine is timed alone")
     since = cpu_seconds()
     print(f"{'hidden':>6} {'batch':>5} | {'ta [cpu] ms':>11} {'ta [numpy] ms':>13} {'compiled ms':>11} "
-          f"{'torch ms':>9} | {'cpu/torch':>9} {'compiled/torch':>14} {'nodes':>5}")
+          f"{'fused ms':>9} {'torch ms':>9} | {'cpu/torch':>9} {'compiled/torch':>14} {'fused/compiled':>14} "
+          f"{'nodes':>5}")
     for hidden, size in SIZES:
         model, ours = engine_step(hidden, size, "cpu")
         _, reference = engine_step(hidden, size, "numpy")
-        same, compiled = compiled_step(hidden, size)
-        if not same:
+        worst, _, compiled = compiled_step(hidden, size)
+        if worst != 0.0:
             sys.exit("the compiled step's weights differ from an eager twin's")
-        contenders = {"cpu": ours, "numpy": reference, "compiled": compiled}
+        worst, fused_step, fused = compiled_step(hidden, size, fuse=True)
+        chains = sum(len(plan.chains) for plan in fused_step.plans[-1:])
+        print(f"# hidden {hidden} batch {size}: fused, {chains} chains fused, "
+              f"{fused_step.plans[-1].calls} kernel calls a replay; after 3 steps its weights and an eager "
+              f"twin's differ by up to {worst:.3g} (relative)")
+        contenders = {"cpu": ours, "numpy": reference, "compiled": compiled, "fused": fused}
         graph = ta.autograd.toposort(model.loss(*batch(size, 1)))
         nodes = sum(t.node is not None for t in graph)            # ops, not parameters
         if torch is not None:
@@ -162,8 +173,9 @@ def main(argv=None) -> None:
         ratio = f"{med['cpu'] / torch_ms:9.2f}" if torch_ms else f"{'-':>9}"
         compiled_ratio = f"{med['compiled'] / torch_ms:14.2f}" if torch_ms else f"{'-':>14}"
         torch_text = f"{torch_ms:9.2f}" if torch_ms else f"{'-':>9}"
+        same_run = statistics.median(f / c for f, c in zip(times["fused"], times["compiled"], strict=True))
         print(f"{hidden:>6} {size:>5} | {med['cpu']:11.2f} {med['numpy']:13.2f} {med['compiled']:11.2f} "
-              f"{torch_text} | {ratio} {compiled_ratio} {nodes:>5}")
+              f"{med['fused']:9.2f} {torch_text} | {ratio} {compiled_ratio} {same_run:14.2f} {nodes:>5}")
     others_note(since, "during the run")
 
 

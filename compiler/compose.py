@@ -24,14 +24,17 @@ from dataclasses import dataclass
 from . import formulas
 from .formulas import Formula, Kernel
 
-__all__ = ["Member", "compose", "member_kernel", "composed_formulas"]
+__all__ = ["Member", "compose", "member_kernel"]
 
 
 @dataclass(frozen=True)
 class Member:
     """One kernel of a chain: ``formula``'s kernel number ``index`` (0 the forward, i + 1 the
-    backward for input i); ``refs`` says for each of its array arguments ``("leaf", i)`` or
-    ``("member", j)``; ``params`` the chain parameter each of its scalar parameters is."""
+    backward for input i); ``refs`` says for each of its array arguments ``("leaf", i)``,
+    ``("member", j)`` or ``("const", value)`` (a 0-d array of a number the plan makes afresh
+    at each replay: the value is written into the kernel, which then reads no 0-d operand,
+    stride 0, that keeps Numba's loop from vectorizing); ``params`` the chain parameter each
+    of its scalar parameters is."""
 
     formula: Formula
     index: int
@@ -52,14 +55,10 @@ def member_kernel(member: Member) -> Kernel:
 _COMPOSED: dict[str, Formula] = {}
 
 
-def composed_formulas() -> list[Formula]:
-    return list(_COMPOSED.values())
-
-
 def _canonical(members: tuple[Member, ...], leaves: int, bools: tuple[int, ...], params: int) -> str:
     parts = [f"leaves {leaves} bools {list(bools)} params {params}"]
     for m in members:
-        refs = ",".join(f"{kind[0]}{i}" for kind, i in m.refs)
+        refs = ",".join(f"{kind[0]}{i!r}" for kind, i in m.refs)
         parts.append(f"{m.kernel_name}@{m.formula.key()}({refs})[{','.join(map(str, m.params))}]")
     return "; ".join(parts)
 
@@ -87,7 +86,7 @@ def compose(members, leaves: int, bools=(), params: int = 0) -> Formula:
             parsed.extend(sp.sympify(k.expression) for k in kernels)
         values: list = []
         for m, k, expr in zip(members, kernels, parsed, strict=True):
-            by_name = {name: (xs[i] if kind == "leaf" else values[i])
+            by_name = {name: xs[i] if kind == "leaf" else values[i] if kind == "member" else sp.Float(i, 17)
                        for name, (kind, i) in zip(k.args, m.refs, strict=True)}
             by_name.update({name: ps[f"p{j}"] for name, j in zip(k.params, m.params, strict=True)})
             values.append(expr.xreplace({s: by_name[s.name] for s in expr.free_symbols}))

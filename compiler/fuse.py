@@ -10,9 +10,10 @@ each by one call of a kernel generated from the composition of the members' form
 Members are the calls of kernels generated from formulas, forward or backward (``mul``,
 ``tanh_back``, ``gelu``), with a float result; a ``broadcast_to`` read only by members, to
 the chain's result shape, is absorbed (its input becomes a leaf, broadcast by the fused
-kernel itself).  Sum_to calls that return their input unchanged (the shapes are fixed per
-plan) are dropped first: they are no-ops that would break chains.  A group grows from its
-last member (the *root*) backwards, PyTensor-style, under three rules:
+kernel itself); a 0-d ``full`` of a number (a Python constant an op made an array of) is
+written into the kernel as that number.  Sum_to calls that return their input unchanged (the
+shapes are fixed per plan) are dropped first: they are no-ops that would break chains.  A
+group grows from its last member (the *root*) backwards, PyTensor-style, under three rules:
 
 * consumer-closed (as MLX's rule): a member's result is read only by the group's members,
   never by another entry, a view or the plan's returns; only the root's result escapes;
@@ -24,14 +25,23 @@ last member (the *root*) backwards, PyTensor-style, under three rules:
   dtype; at most ``max_members`` kernels and ``max_leaves`` operands (sympy's work grows
   fast with the composition).
 
+A chain is fused only where it pays (measured, see MIN_ELEMENTS): on "cpu" not below
+``MIN_ELEMENTS`` elements, nor, in float64, through a member calling a transcendental
+function (``SCALAR_MATH``); on any device, not when the device declines to build the
+composed kernel (``_own_kernel``).
+
 The fused call sits at the root's place, so every leaf is computed by then.  The forward and
 the backward of a captured step are fused independently: the recorded backward is itself a
 chain of formula kernels (``mul_back_a(b, g)`` then ``add(g, t)``), fused like any other.
-Each fused kernel's chain is kept in ``CHAINS`` (by kernel name) for ``ta.check.fused``.
+A fused call is a ``FusedCall``: it carries its ``Chain`` (members, parameter values, leaf
+shapes), so the plan that replays it knows what it replaced (``Plan.chains``), for
+``ta.check.fused`` and the plan's picture.  Nothing is kept per process: one kernel (one
+composed formula) may serve chains of different parameter values and shapes.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -42,9 +52,38 @@ from .capture import Call, Recorder, Slot, View, slot_indices
 from .compose import Member, compose, member_kernel
 from .formulas import Formula
 
-__all__ = ["fuse", "define_fused", "Chain", "CHAINS", "FUSING_DEVICES"]
+__all__ = ["fuse", "define_fused", "Chain", "FusedCall", "FUSING_DEVICES"]
 
 FUSING_DEVICES = ("cpu", "cuda")
+
+# On "cpu", a chain whose result has fewer elements stays unfused.  Measured with
+# ``bench/compiled.py --only chains`` (forward replay, same process, alternating, median of
+# same-repeat ratios fused/unfused; a 2-core EPYC shared with other jobs: +-10% is noise):
+#
+#   elements               64    256   1024   4096  16384  65536  262144
+#   a*b+a          f32   1.14   1.11   1.13   0.93   0.74   0.60   0.55
+#   a*b+a          f64   1.18   1.13   1.08   0.87   0.70   0.59   0.53
+#   (a-b)*(a+b)*a  f32   0.85   0.89   0.77   0.65   0.45   0.37   0.28
+#   (a-b)*(a+b)*a  f64   0.92   0.88   0.71   0.55   0.36   0.58   0.29
+#   exp(a-b)*b     f32   1.58   1.38   1.17   0.95   0.58   0.58   0.38
+#
+# One Numba ufunc call costs a few microseconds more than a numpy ufunc's, which one pass
+# less over memory repays only from a few thousand elements: up to 1024 a two-kernel chain
+# loses (up to 18%); from 4096 every chain measured wins (but float64 transcendentals, below).
+# On "cuda" every launch saved pays (7-14 us each): no threshold there.
+MIN_ELEMENTS = 4096
+
+# Device -> the dtypes in which a member calling a transcendental function (exp, log, tanh,
+# erf, a power to a non-integer) is not fused: numpy evaluates those with SIMD, a Numba
+# float64 kernel calls the scalar libm (llvmlite here has no SVML).  Same measurements:
+#
+#   elements               64    256   1024   4096  16384  65536  262144
+#   tanh(a*b)+b    f32   1.04   1.02   0.99   0.94   0.92   0.80   0.92
+#   tanh(a*b)+b    f64   1.22   1.66   2.67   4.02   4.69   7.75   7.88
+#   exp(a-b)*b     f64   1.50   1.62   2.01   2.81   3.20   3.19   3.24
+#   gelu_tanh(a)*b f32   0.54   0.55   0.56   0.55   0.62   0.62   0.63   (from primitives)
+#   gelu_tanh(a)*b f64   0.64   0.84   1.43   2.43   3.01   4.78   4.88
+SCALAR_MATH = {"cpu": ("float64",)}
 
 
 @dataclass(frozen=True)
@@ -60,9 +99,17 @@ class Chain:
     shapes: tuple
     dtype: str
 
+    def key(self) -> tuple:
+        """What makes two chains the same check: the composed formula (its name is its
+        canonical text's hash), the device, the parameter values, the shapes and the dtype."""
+        return (self.formula.name, self.device, self.params, self.shapes, self.dtype)
 
-# Fused kernel name -> its chain (the latest capture's parameters and shapes).
-CHAINS: dict[str, Chain] = {}
+
+@dataclass
+class FusedCall(Call):
+    """The call of a fused kernel: its leaves then its parameters, and the ``chain`` it replaced."""
+
+    chain: Chain | None = None
 
 
 def _formula_kernels() -> dict[str, tuple[Formula, int]]:
@@ -72,6 +119,17 @@ def _formula_kernels() -> dict[str, tuple[Formula, int]]:
             for index, name in enumerate(formula.kernel_names()):
                 found[name] = (formula, index)
     return found
+
+
+@functools.cache
+def _scalar_math(expression: str) -> bool:
+    """Whether a kernel's expression calls a transcendental function (see SCALAR_MATH)."""
+    import sympy as sp
+
+    expr = sp.sympify(expression)
+    functions = [f for f in expr.atoms(sp.Function) if not isinstance(f, sp.Piecewise)]
+    powers = [p for p in expr.atoms(sp.Pow) if p.free_symbols and not p.exp.is_Integer]
+    return bool(functions or powers)
 
 
 def _identity_sum_to(entry) -> bool:
@@ -117,6 +175,8 @@ class _Graph:
         dtype = np.dtype(self.array(entry.outs.index).dtype)
         if dtype.kind != "f":
             return None
+        if dtype.name in SCALAR_MATH.get(entry.device, ()) and _scalar_math(kernel.expression):
+            return None
         for name, a in zip(kernel.args, arrays, strict=True):
             want = np.dtype(bool) if name in kernel.bools else dtype
             if np.dtype(self.array(a.index).dtype) != want:
@@ -131,6 +191,18 @@ class _Graph:
 
     def dtype(self, i: int):
         return np.dtype(self.array(self.entries[i].outs.index).dtype)
+
+    def constant(self, i) -> float | None:
+        """The value of entry ``i`` if it is ``full((), number, dtype)`` on the host (a Python
+        number an op made a 0-d array of), in that dtype; else None.  Written into the fused
+        kernel, not read as a 0-d operand: a*0.5+b fused took 1.14-1.94x the unfused time
+        (float32, 64 to 262,144 elements) with the operand, 0.58-0.98x with the number."""
+        entry = self.entries[i] if i is not None else None
+        if not (isinstance(entry, Call) and entry.kernel == "full" and isinstance(entry.outs, Slot)
+                and len(entry.args) == 3 and entry.args[0] == () and type(entry.args[1]) in (int, float)):
+            return None
+        array = self.array(entry.outs.index)
+        return float(array[()]) if isinstance(array, np.ndarray) and array.dtype.kind == "f" else None
 
 
 def _grow(graph: _Graph, root: int, taken: set, max_members: int) -> set:
@@ -154,7 +226,7 @@ def _grow(graph: _Graph, root: int, taken: set, max_members: int) -> set:
                     group.add(p)
                     kernels += 1
                     changed = True
-                elif graph.broadcast(p, shape, device):
+                elif graph.broadcast(p, shape, device) or graph.constant(p) is not None:
                     group.add(p)
                     changed = True
     return group
@@ -201,6 +273,10 @@ def _chain(graph: _Graph, group: set):
             if p in position:
                 refs.append(("member", position[p]))
                 continue
+            value = graph.constant(p)
+            if value is not None and name not in kernel.bools:
+                refs.append(("const", value))      # in the kernel's text: no 0-d operand
+                continue
             source = entries[p].args[0].index if p in group else a.index      # a broadcast's input
             if source not in leaves:
                 leaves.append(source)
@@ -238,21 +314,37 @@ def define_fused(backend, formula: Formula) -> None:
             b.add_formula(formula)
 
 
+def _own_kernel(backend, name: str) -> bool:
+    """Whether ``backend`` builds a kernel of its own for the fused formula ``name`` (built
+    now, as the first replay would).  One that declines it runs its parent's: the
+    composition is then one numpy call, no better than the members' and maybe worse: x*x*x
+    becomes ``x**3``, numpy's pow, 250-480x slower here than two multiplies (65,536 entries,
+    float64/float32)."""
+    fn = backend.table()[name]
+    install = getattr(fn, "install", None)
+    if install is not None:
+        install()
+    return name in backend.kernels
+
+
 def fuse(recorder: Recorder, resolve: Callable[[str], object], *, keep=(), max_members: int = 8,
-         max_leaves: int = 16) -> list:
+         max_leaves: int = 16, min_elements: int | None = None) -> list:
     """``recorder``'s entries with each fusable chain replaced by one fused call.
 
     Args:
         resolve: device name -> its Backend (a fused formula's kernels are added to it).
         keep: slot indices read after the entries (the plan's returns): never fused away.
         max_members, max_leaves: caps on a chain's kernels and operands.
+        min_elements: a chain whose result is smaller stays unfused (default ``MIN_ELEMENTS``).
     """
+    smallest = MIN_ELEMENTS if min_elements is None else min_elements
     entries = [e for e in recorder.entries if not _identity_sum_to(e)]
     graph = _Graph(entries, recorder, set(keep))
     taken: set = set()
     replaced: dict[int, Call] = {}
     for root in sorted(graph.members, reverse=True):
-        if root in taken:
+        if root in taken or entries[root].device == "cpu" \
+                and np.size(graph.array(entries[root].outs.index)) < smallest:
             continue
         group = _grow(graph, root, taken, max_members)
         if sum(1 for i in group if i in graph.members) < 2:
@@ -263,12 +355,14 @@ def fuse(recorder: Recorder, resolve: Callable[[str], object], *, keep=(), max_m
             continue
         formula = compose(members, len(leaves), bools, len(params))
         device = entries[root].device
-        define_fused(resolve(device), formula)
+        backend = resolve(device)
+        define_fused(backend, formula)
+        if not _own_kernel(backend, formula.name):
+            continue
         taken |= group
         outs = entries[root].outs
-        replaced[root] = Call(device, formula.name, tuple(Slot(s) for s in leaves) + tuple(params), {},
-                              outs, _tag(entries, group))
-        CHAINS[formula.name] = Chain(formula, device, tuple(members), tuple(params),
-                                     tuple(tuple(np.shape(graph.array(s))) for s in leaves),
-                                     str(graph.dtype(root)))
+        chain = Chain(formula, device, tuple(members), tuple(params),
+                      tuple(tuple(np.shape(graph.array(s))) for s in leaves), str(graph.dtype(root)))
+        replaced[root] = FusedCall(device, formula.name, tuple(Slot(s) for s in leaves) + tuple(params), {},
+                                   outs, _tag(entries, group), chain)
     return [replaced.get(i, e) for i, e in enumerate(entries) if i not in taken or i in replaced]

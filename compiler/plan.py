@@ -54,6 +54,13 @@ class Plan:
             (arguments, then gradients read at entry) and returning the ``returns`` arrays.
         externals: slot -> array bound by identity (read as it is at each replay).
         calls: how many kernel calls one replay makes.
+        entries: the Calls and Views the source replays, in order (after fusion and the
+            peepholes); a fused call is a ``fuse.FusedCall`` carrying its chain.
+        lines: entry position -> its line in ``source`` (1-based).
+        names: slot -> its name in ``source`` (arguments, bound arrays, intermediates).
+        inputs, returns: the argument slots and the returned slots, in order.
+        device: the device whose kernels go by their bare names; another device's kernel
+            ``k`` is ``{device}_k`` in the source.
     """
 
     name: str
@@ -63,6 +70,21 @@ class Plan:
     externals: dict
     calls: int
     namespace: dict = field(repr=False, default_factory=dict)
+    entries: tuple = field(repr=False, default=())
+    lines: tuple = field(repr=False, default=())
+    names: dict = field(repr=False, default_factory=dict)
+    inputs: tuple = ()
+    returns: tuple = ()
+    device: str = "cpu"
+
+    @property
+    def chains(self) -> list:
+        """The chains of the plan's fused calls, in the order they run."""
+        return [e.chain for e in self.entries if getattr(e, "chain", None) is not None]
+
+    def kernel_name(self, entry) -> str:
+        """A call's kernel as the source names it."""
+        return entry.kernel if entry.device == self.device else f"{entry.device}_{entry.kernel}"
 
 
 def _kernel(device: str, kernel_name: str, resolve: Callable[[str], object]):
@@ -175,6 +197,7 @@ def build_plan(recorder: Recorder, *, name: str, title: str, inputs: list[tuple[
     dead = _last_uses(entries, keep)
 
     body: list[str] = []
+    lines: list[int] = []                       # entry -> its line in body (0-based)
     tag = None
     calls = 0
     for i, entry in enumerate(entries):
@@ -185,6 +208,7 @@ def build_plan(recorder: Recorder, *, name: str, title: str, inputs: list[tuple[
         if isinstance(entry, View):
             dtype = names.value(Const(_dtype(recorder, entry.dtype)))
             geometry = f"{entry.offset}, {entry.shape!r}, {entry.strides!r}, {dtype}"
+            lines.append(len(body))
             body.append(f"    {names.slot(entry.slot)} = rebuild_view({names.slot(entry.source)}, "
                         f"{geometry})")
         else:
@@ -194,6 +218,7 @@ def build_plan(recorder: Recorder, *, name: str, title: str, inputs: list[tuple[
             args += [f"{k}={names.value(v)}" for k, v in entry.kwargs.items()]
             call = f"{kernel}({', '.join(args)})"
             target = names.target(entry.outs)
+            lines.append(len(body))
             body.append(f"    {call}" if target is None else f"    {target} = {call}")
         if i in dead:
             body.append("    del " + ", ".join(names.slot(Slot(s)) for s in sorted(dead[i])))
@@ -209,7 +234,12 @@ def build_plan(recorder: Recorder, *, name: str, title: str, inputs: list[tuple[
     source = "\n".join([*header, f"def {name}({params}):", *body]) + "\n"
     namespace = names.namespace
     filename = compile_source(source, f"<ta.compile {name}>", namespace)
-    return Plan(name, source, namespace[name], filename, externals, calls, namespace)
+    used = {s for entry in entries for s in _used(entry)} | {s.index for s in returns}
+    used |= {s.index for _, s in inputs}
+    first = len(header) + 2                     # body line 0 is the source's line first
+    return Plan(name, source, namespace[name], filename, externals, calls, namespace, tuple(entries),
+                tuple(first + n for n in lines), {s: names.slot(Slot(s)) for s in sorted(used)},
+                tuple(s.index for _, s in inputs), tuple(s.index for s in returns), device)
 
 
 # ---------------------------------------------------------------- peepholes

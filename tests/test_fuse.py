@@ -27,8 +27,12 @@ TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
 
 
 @pytest.fixture
-def fusing_compile():
-    """ta.compile with fusion on."""
+def fusing_compile(monkeypatch):
+    """ta.compile with fusion on, at every size and for every member (the "cpu" rules that
+    leave small chains and transcendental members unfused are off: these tests are of the
+    fused kernels, test_fusion_rules_* of the rules)."""
+    monkeypatch.setattr(fusing, "MIN_ELEMENTS", 0)
+    monkeypatch.setattr(fusing, "SCALAR_MATH", {})
     return functools.partial(ta.compile, fuse=True)
 
 
@@ -145,8 +149,7 @@ def test_gelu_tanh_from_primitives(fusing_compile, dtype):
     # The primitives are GeluTanh's formula: the compiled loss equals the op's.
     got = step(ta.Tensor(x, dtype=dtype, requires_grad=True))
     _close(got.numpy(), ta.ops.GeluTanh.apply(ta.Tensor(x, dtype=dtype)).sum().numpy(), dtype)
-    chain = max((fusing.CHAINS[c.split("= ")[1].split("(")[0]] for c in _fused_calls(step)),
-                key=lambda c: len(c.members))
+    chain = max(step.plans[0].chains, key=lambda c: len(c.members))
     assert len(chain.members) >= 5
 
 
@@ -241,7 +244,7 @@ def test_an_in_place_write_between_members_stops_the_chain():
 
     for fn, fused in ((written, False), (clean, True)):
         recorder, _, out = _record(fn, a.copy(), b, c.copy())
-        entries = fusing.fuse(recorder, get_backend, keep={out.index})
+        entries = fusing.fuse(recorder, get_backend, keep={out.index}, min_elements=0)
         assert any(e.kernel.startswith("fused_") for e in entries) is fused
 
 
@@ -251,9 +254,20 @@ def test_a_broadcast_read_only_by_members_is_absorbed():
 
     a, b = np.ones((3, 4)), np.arange(4.0)
     recorder, slots, out = _record(fn, a, b)
-    (entry,) = fusing.fuse(recorder, get_backend, keep={out.index})
+    (entry,) = fusing.fuse(recorder, get_backend, keep={out.index}, min_elements=0)
     assert entry.kernel.startswith("fused_") and entry.args == tuple(slots)
     np.testing.assert_array_equal(get_backend("cpu").table()[entry.kernel](a, b), a * b + a)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_number_is_written_into_the_fused_kernel(fusing_compile, dtype):
+    # a * 0.5 + b: the op makes 0.5 a 0-d array (full); fused, the kernel holds the number
+    # itself and reads two operands, so no 0-d (stride 0) operand slows its loop.
+    step = _run(fusing_compile, _loss(lambda a, b: a * 0.5 + b), [np.arange(6.0), np.ones(6)], "cpu", dtype)
+    (call,) = [line for line in _fused_calls(step) if "(xs_0, xs_1)" in line]          # 0.5 is not an operand
+    chain = next(c for c in step.plans[0].chains if [m.kernel_name for m in c.members] == ["mul", "add"])
+    assert len(chain.shapes) == 2 and ("const", 0.5) in chain.members[0].refs
+    _checked(step, dtype)
 
 
 def test_a_wrong_fused_kernel_fails_the_check(fusing_compile):
@@ -261,9 +275,9 @@ def test_a_wrong_fused_kernel_fails_the_check(fusing_compile):
                 "float64", calls=1)
     cpu = get_backend("cpu")
     reports = {r.target.split(" = ")[1]: r for r in _checked(step)}
-    forward = next(c for c in fusing.CHAINS.values() if [m.kernel_name for m in c.members] == ["mul", "add"])
-    backward = next(c for c in fusing.CHAINS.values()
-                    if [m.kernel_name for m in c.members] == ["mul_back_a", "add"])
+    chains = step.plans[0].chains
+    forward = next(c for c in chains if [m.kernel_name for m in c.members] == ["mul", "add"])
+    backward = next(c for c in chains if [m.kernel_name for m in c.members] == ["mul_back_a", "add"])
     assert set(reports) == {"mul -> add", "mul_back_a -> add"}
     plan = formulas.plan(forward.formula)
     cases = [(forward, plan.backward[0].name, lambda fn: lambda *a: -fn(*a)),       # d/dx0 sign flipped
@@ -281,12 +295,79 @@ def test_a_wrong_fused_kernel_fails_the_check(fusing_compile):
         assert report.ok
 
 
+def leaky_step(a, b, slope):
+    loss = (registry["LeakyRelu"].apply(a * b, negative_slope=slope) + a).sum()
+    loss.backward()
+    return loss
+
+
+def test_each_plan_keeps_its_own_chains(fusing_compile):
+    # Two plans share one fused kernel (a composed formula takes the slope as a parameter) with
+    # different slopes: each plan keeps its chain, and both are checked, each at its slope.
+    step = fusing_compile(leaky_step, static=("slope",))
+    for slope in (0.1, 0.3):
+        a = ta.Tensor(np.linspace(-1, 1, 6), requires_grad=True)
+        b = ta.Tensor(np.linspace(-2, 1, 6), requires_grad=True)
+        step(a, b, slope)
+        assert np.allclose(a.grad.numpy(), np.where(a.numpy() * b.numpy() > 0, 1, slope) * b.numpy() + 1)
+    forward = [next(c for c in plan.chains if c.members[0].kernel_name == "leaky_relu")
+               for plan in step.plans]
+    assert forward[0].formula.name == forward[1].formula.name
+    assert [c.params for c in forward] == [(0.1,), (0.3,)]
+    reports = _checked(step)
+    assert len(reports) == 3                            # two forward chains, one backward chain shared
+    with pytest.raises(TypeError, match="ta.check.fused"):
+        ta.check.fused(forward[0].formula.name)
+
+
+def _fused_kernels(fn, n, dtype="float64"):
+    """The member kernels of each fused chain of ``fn``'s plan (forward, no grad) on two (n,)
+    tensors, after checking that its result equals eager's."""
+    rng = np.random.default_rng(n)
+    a, b = (ta.Tensor(rng.uniform(0.5, 2, n), dtype=dtype) for _ in range(2))
+    step = ta.compile(fn, fuse=True)
+    with ta.no_grad():
+        _close(step(a, b).numpy(), fn(a, b).numpy(), dtype)
+    assert len(step.plans[0].chains) == len(_fused_calls(step))
+    return [[m.kernel_name for m in chain.members] for chain in step.plans[0].chains]
+
+
+def test_fusion_rules_leave_small_chains_unfused_on_cpu():
+    chain = lambda a, b: (a - b) * (a + b) * a                        # noqa: E731
+    assert not _fused_kernels(chain, fusing.MIN_ELEMENTS - 1)
+    assert _fused_kernels(chain, fusing.MIN_ELEMENTS) == [["sub", "add", "mul", "mul"]]
+
+
+def test_fusion_rules_leave_transcendental_members_unfused_in_float64_on_cpu():
+    # tanh runs on its own (numpy's SIMD tanh); the arithmetic around it still fuses.  In
+    # float32 the Numba kernel is the faster: the whole chain fuses.
+    n = fusing.MIN_ELEMENTS
+    chain = lambda a, b: (a * b + a).tanh() * b                        # noqa: E731
+    assert _fused_kernels(chain, n) == [["mul", "add"]]
+    assert not _fused_kernels(lambda a, b: (a * b).tanh().exp(), n)
+    assert _fused_kernels(chain, n, "float32") == [["mul", "add", "tanh", "mul"]]
+    cube_root = "Pow(Symbol('x'), Rational(1, 3))"
+    assert {fusing._scalar_math(e) for e in ("exp(Symbol('x'))", cube_root)} == {True}
+    assert {fusing._scalar_math(e) for e in ("Mul(Symbol('a'), Pow(Symbol('b'), Integer(-1)))",
+                                              "Piecewise(ExprCondPair(Integer(0), LessThan(Symbol('x'), "
+                                              "Integer(0))), ExprCondPair(Symbol('x'), true))")} == {False}
+
+
+def test_fusion_rules_leave_a_chain_that_composes_to_one_numpy_call_unfused():
+    # x*x*x composes to x**3, which the cpu device leaves to numpy's pow (no better than two
+    # multiplies, far worse here): the multiplies stay; with + y after them, the chain fuses.
+    n = fusing.MIN_ELEMENTS
+    assert not _fused_kernels(lambda a, b: a * a * a, n)
+    assert _fused_kernels(lambda a, b: a * a * a + b, n) == [["mul", "mul", "add"]]
+
+
 def test_the_disk_cache_serves_a_second_process(tmp_path):
     script = textwrap.dedent("""
         import numpy as np
         import tinygrad_attn as ta
-        from tinygrad_attn.compiler import formulas
+        from tinygrad_attn.compiler import formulas, fuse
 
+        fuse.MIN_ELEMENTS, fuse.SCALAR_MATH = 0, {}
         derived = []
         original = formulas.derive
         formulas.derive = lambda f: derived.append(f.name) or original(f)

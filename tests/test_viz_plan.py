@@ -13,14 +13,19 @@ import tinygrad_attn as ta
 from tests import optional
 from tests.test_viz_graph import cluster_members, clusters, drawn_edges, drawn_nodes, svg_of
 from tinygrad_attn import viz
+from tinygrad_attn.compiler import fuse as fusing
 
 needs_dot = optional.needs_dot
 _CALL = re.compile(r"^    (?:[^=]+ = )?(\w+)\(")
 
 
 @pytest.fixture
-def fusing_compile():
-    """ta.compile with fusion on."""
+def fusing_compile(monkeypatch):
+    """ta.compile with fusion on, at every size and for every member (the "cpu" rules that
+    leave small chains and transcendental members unfused are off: these tests are of the
+    fused kernels, test_fuse.py's test_fusion_rules_* of the rules)."""
+    monkeypatch.setattr(fusing, "MIN_ELEMENTS", 0)
+    monkeypatch.setattr(fusing, "SCALAR_MATH", {})
     return functools.partial(ta.compile, fuse=True)
 
 
@@ -112,6 +117,22 @@ def test_a_fused_kernel_is_one_node_labelled_with_its_formula(fusing_compile):
     node = re.match(r"\s*(k\d+)", forward).group(1)
     assert f"\ta_xs_0 -> {node} [label=x0]\n" in g.body and f"\ta_xs_1 -> {node} [label=x1]\n" in g.body
     assert g.nodes == step.plans[0].calls + 3
+
+
+def test_each_plan_labels_its_fused_kernel_with_its_own_parameters(fusing_compile):
+    from tests.test_fuse import leaky_step
+
+    step = fusing_compile(leaky_step, static=("slope",))
+    for slope in (0.1, 0.3):
+        step(*(ta.Tensor(np.linspace(-1, 1, 4), requires_grad=True) for _ in range(2)), slope)
+    labels = []
+    for plan in step.plans:
+        line = next(line for line in viz.graph(plan).body if '"leaky_relu → add' in line)
+        labels.append(sp.sympify(re.search(r'\\n= ([^"]+)"', line).group(1).replace("\\n", "")))
+    x0, x1 = sp.symbols("x0 x1")
+    for label, slope in zip(labels, (0.1, 0.3), strict=True):
+        point = {x0: -2.0, x1: 0.5}                       # leaky_relu(-2) + 0.5 = -2*slope + 0.5
+        assert abs(float(label.subs(point)) - (-2 * slope + 0.5)) < 1e-4, label
 
 
 def test_graph_rejects_options_of_a_tensor_graph_and_an_uncalled_function():

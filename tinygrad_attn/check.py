@@ -562,15 +562,20 @@ def ops(names=None) -> OpsReport:
 
 
 def _chains(what) -> list:
+    """The chains ``what`` stands for, each (formula, device, parameters, shapes, dtype) once."""
     from .compiler import fuse as fusing
 
     if isinstance(what, fusing.Chain):
         return [what]
-    if isinstance(what, str):
-        return [fusing.CHAINS[what]]
     plans = what.plans if hasattr(what, "plans") else [what]
-    names = sorted({n for p in plans for n in p.namespace if n in fusing.CHAINS})
-    return [fusing.CHAINS[n] for n in names]
+    if not all(hasattr(p, "chains") for p in plans):
+        raise TypeError(f"ta.check.fused: expected a compiled function (ta.compile), a plan or a "
+                        f"compiler.fuse.Chain, got {type(what).__name__}")
+    found: dict = {}
+    for plan in plans:
+        for chain in plan.chains:
+            found.setdefault(chain.key(), chain)
+    return list(found.values())
 
 
 def _device_kernel(device: str, name: str):
@@ -651,7 +656,8 @@ def _fused_point(chain, rng, dtype, low: float, rtol: float, exact_fns: dict, er
     values: list = []
     with np.errstate(all="ignore"):
         for member in chain.members:
-            args = [leaves[i] if kind == "leaf" else values[i] for kind, i in member.refs]
+            args = [leaves[i] if kind == "leaf" else values[i] if kind == "member" else np.asarray(i, dtype)
+                    for kind, i in member.refs]
             kernel = _device_kernel("numpy", member.kernel_name)
             values.append(kernel(*args, *[params[j] for j in member.params]))
         want = np.asarray(values[-1])
@@ -672,7 +678,7 @@ def _fused_point(chain, rng, dtype, low: float, rtol: float, exact_fns: dict, er
 
 def fused(what, *, seed: int = 0, dtype=None) -> list[Report]:
     """Check the fused kernels of a compiled function (``ta.compile``), of one plan, or one
-    chain (``compiler.fuse.Chain`` or a fused kernel's name): its forward on its device
+    chain (``compiler.fuse.Chain``; a plan's are ``plan.chains``): its forward on its device
     against the unfused chain of member kernels on the "numpy" device, and each backward
     kernel against sympy's derivative of the composed formula (dy * d f / d x_i), at random
     positive points of the leaves' captured shapes, in the dtype the chain was captured in

@@ -636,9 +636,11 @@ def compile(fn=None, *, static=(), max_plans: int = 8, fuse: bool = False):  # n
         max_plans: plans kept per function; beyond it new signatures run eagerly (warned once).
         fuse: replace chains of elementwise kernels by one kernel generated from their composed
             formulas (compiler/fuse.py; "cpu" and "cuda", equal to the unfused plan to float
-            rounding, checked by ``ta.check.fused``).  Off by default: forward and backward
-            chains fuse separately, and at small sizes one Numba call costs more than the numpy
-            calls it replaces.
+            rounding, checked by ``ta.check.fused``; each plan keeps its chains,
+            ``plan.chains``).  On "cpu" a chain of fewer than ``fuse.MIN_ELEMENTS`` (4096)
+            elements, and in float64 a member calling exp/log/tanh/erf, stay unfused: there
+            one Numba call costs more than the numpy calls it replaces.  Off by default: the shipped
+            models' steps have few chains left to fuse (bench/compiled.py, bench/seq2seq.py).
 
     Returns:
         A ``Compiled`` callable with ``stats``, ``plans`` and ``source``.

@@ -4,16 +4,18 @@
 ``ta.viz.graph(step.plans[0])`` draws the plan as ``step.source`` reads: each kernel call
 of the generated function is a node, each array it reads an edge from the call that made it
 (or from the plan's argument, or from the parameter the plan binds by identity).  A fused
-kernel (``build_plan(..., fuse=True)``) is one node labelled with the chain it replaced and
+kernel (``ta.compile(fn, fuse=True)``) is one node labelled with the chain it replaced and
 its formula, ``x0*x1 + x0``, its edges with the leaf each array is (``x0``).
 
-The plan's comments (``# forward Linear encoder/layer0/feed_forward``, what the engine was
-doing when it recorded the call) give each call its phase and scope, so calls sit in the
+The picture is read from the entries the plan keeps (``Plan.entries``, each fused call with
+its chain), the ones its source was written from, so it is the plan that replays, after
+fusion and the peepholes.  Each entry's tag (the source's comment above it, ``# forward
+Linear encoder/layer0/feed_forward``: what the engine was doing when it recorded the call)
+gives the call its phase and scope, so calls sit in the
 same encoder/decoder/attention boxes as the ops of the engine's graphs (graph.py), forward
 and backward of a scope in one box: white the forward calls, lilac the backward ones, green
-what follows backward (the optimizer's updates), orange the fused kernels.  The picture is
-read from the source, so it is the plan that replays, after fusion and the peepholes; a call
-made between two ops (a scalar made for the next op) sits under the comment above it, as a
+what follows backward (the optimizer's updates), orange the fused kernels; a call made
+between two ops (a scalar made for the next op) sits under the comment above it, as a
 reader of the source would place it.
 
 Node ids: ``k<n>`` for the n-th kernel call (1-based, as the header's count), ``a_<name>``
@@ -22,15 +24,13 @@ for the plan's arguments, ``e_<name>`` for the arrays bound by identity, ``retur
 
 from __future__ import annotations
 
-import ast
 import functools
 import re
 from dataclasses import dataclass, field
 
 from tinygrad_attn.compiled import Compiled
 from tinygrad_attn.compiler import formulas as _formulas
-from tinygrad_attn.compiler import fuse as _fuse
-from tinygrad_attn.compiler.compose import composed_formulas
+from tinygrad_attn.compiler.capture import View, slot_indices
 from tinygrad_attn.compiler.plan import Plan
 
 from .graph import (
@@ -56,7 +56,6 @@ _BACKWARD_FILL = "#ece6f5"
 _UPDATE_FILL = "#e2f0d9"
 _FUSED_FILL = "#ffd9a8"
 _FUSED_PEN = "#c77c1e"
-_FUSED = re.compile(r"(?:\w+?_)?(fused_[0-9a-f]{12})")
 # A fused formula longer than this is cut, so one node cannot stretch the picture.
 _FORMULA_CHARS = 240
 
@@ -77,7 +76,7 @@ def plan_of(what) -> Plan | None:
 
 @dataclass
 class _Call:
-    """One kernel call of the plan's source."""
+    """One kernel call of the plan."""
 
     number: int                     # its place among the calls, 1-based
     line: int                       # its line in the source
@@ -86,97 +85,45 @@ class _Call:
     phase: str
     op: str
     scope: str
-    reads: list = field(default_factory=list)        # (name read, leaf index or None)
-    params: list = field(default_factory=list)       # literal arguments after a fused kernel's leaves
-    targets: list = field(default_factory=list)      # the names it assigns
-
-
-def _tag(comment: str) -> tuple[str, str, str]:
-    """"forward Linear encoder/layer0" -> (phase, op, scope); a fused call's op is two words."""
-    words = comment.split()
-    phase = words[0] if words else ""
-    count = 2 if len(words) > 1 and words[1] == "fused" else 1
-    return phase, " ".join(words[1:1 + count]), " ".join(words[1 + count:])
-
-
-def _names(node: ast.AST) -> list[str]:
-    return [n.id for n in ast.walk(node) if isinstance(n, ast.Name)]
+    chain: object = None            # a fused call's chain (compiler/fuse.py)
+    reads: list = field(default_factory=list)        # (slot read, leaf index or None)
+    targets: list = field(default_factory=list)      # the slots it assigns
 
 
 def _parse(plan: Plan):
-    """(argument names, calls, returned names, view aliases) read from the plan's source."""
-    tree = ast.parse(plan.source)
-    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef))
-    arguments = [a.arg for a in fn.args.args]
-    comments: dict[int, str] = {}
-    for number, line in enumerate(plan.source.splitlines(), start=1):
-        stripped = line.strip()
-        if stripped.startswith("# ") and line.startswith("    "):
-            comments[number] = stripped[2:]
+    """(calls, view aliases) read from the entries the plan replays."""
     lines = plan.source.splitlines()
     calls: list[_Call] = []
-    aliases: dict[str, str] = {}                 # a view's name -> the name it was made from
-    returned: list[str] = []
-    comment = ""
-    for statement in fn.body:
-        for number in range(statement.lineno - 1, 0, -1):       # the nearest comment above
-            if number in comments:
-                comment = comments[number]
-                break
-            if not lines[number - 1].startswith("    ") or number < fn.lineno:
-                break
-        if isinstance(statement, ast.Return):
-            returned = _names(statement.value) if statement.value is not None else []
+    aliases: dict[int, int] = {}                 # a view's slot -> the slot it was made from
+    tag: tuple = ()
+    for position, entry in enumerate(plan.entries):
+        # A call recorded between two ops (a scalar for the next op) sits under the comment
+        # above it, as a reader of the source would place it.
+        tag = tuple(entry.tag) or tag
+        if isinstance(entry, View):
+            aliases[entry.slot.index] = entry.source.index
             continue
-        value = statement.value if isinstance(statement, (ast.Assign, ast.Expr)) else None
-        if not isinstance(value, ast.Call) or not isinstance(value.func, ast.Name):
-            continue                                             # del
-        targets = _names(statement.targets[0]) if isinstance(statement, ast.Assign) else []
-        if value.func.id == "rebuild_view":
-            aliases[targets[0]] = _names(value.args[0])[0]
-            continue
-        phase, op, scope = _tag(comment)
-        call = _Call(len(calls) + 1, statement.lineno, lines[statement.lineno - 1].strip(), value.func.id,
-                     phase, op, scope)
-        fused = _FUSED.fullmatch(call.kernel)
-        leaves = _leaf_count(fused.group(1)) if fused else None
-        for position, argument in enumerate(value.args):
-            if leaves is not None and position >= leaves:
-                try:
-                    call.params.append(ast.literal_eval(argument))
-                except ValueError:
-                    call.params.append(None)
-                continue
-            for name in _names(argument):
-                call.reads.append((name, position if leaves is not None else None))
-        for keyword in value.keywords:
-            call.reads += [(name, None) for name in _names(keyword.value)]
-        call.targets = [t for t in targets if t != "_"]
+        phase, op, scope = (tuple(str(part) for part in tag) + ("", "", ""))[:3]
+        line = plan.lines[position]
+        call = _Call(len(calls) + 1, line, lines[line - 1].strip(), plan.kernel_name(entry), phase, op, scope,
+                     getattr(entry, "chain", None))
+        if call.chain is not None:
+            leaves = entry.args[:len(call.chain.formula.inputs)]
+            call.reads = [(slot.index, leaf) for leaf, slot in enumerate(leaves)]
+        else:
+            call.reads = [(s, None) for s in slot_indices(entry.args, []) + slot_indices(entry.kwargs, [])]
+        # An external returned as it is (an in-place kernel on a parameter) is not reassigned.
+        call.targets = [s for s in slot_indices(entry.outs, []) if s not in plan.externals]
         calls.append(call)
-    return arguments, calls, returned, aliases
-
-
-def _formula_of(kernel_name: str):
-    chain = _fuse.CHAINS.get(kernel_name)
-    if chain is not None:
-        return chain.formula
-    return next((f for f in composed_formulas() if f.name == kernel_name), None)
-
-
-def _leaf_count(kernel_name: str) -> int | None:
-    formula = _formula_of(kernel_name)
-    return len(formula.inputs) if formula is not None else None
+    return calls, aliases
 
 
 @functools.lru_cache(maxsize=512)
-def _formula_text(kernel_name: str, params: tuple) -> str | None:
+def _formula_text(formula, params: tuple) -> str:
     """A fused kernel's formula over its leaves x0, x1, ..., its parameters replaced by the
     values the call passes: ``x0*x1 + x0``."""
     import sympy as sp
 
-    formula = _formula_of(kernel_name)
-    if formula is None:
-        return None
     expression = sp.sympify(_formulas.plan(formula).forward.expression)
     values = {name: value for name, value in zip(formula.params, params, strict=False)
               if type(value) in (int, float)}
@@ -188,13 +135,6 @@ def _formula_text(kernel_name: str, params: tuple) -> str | None:
                                           if s.name in numbers})
     text = sp.sstr(expression)
     return text if len(text) <= _FORMULA_CHARS else text[:_FORMULA_CHARS - 1] + "…"
-
-
-def _members(kernel_name: str, op: str) -> str:
-    chain = _fuse.CHAINS.get(kernel_name)
-    if chain is not None:
-        return " → ".join(m.kernel_name for m in chain.members)
-    return op.removeprefix("fused ").replace("+", " → ")
 
 
 def _break(text: str, width: int) -> str:
@@ -220,9 +160,7 @@ class _PlanDrawing:
 
     def __init__(self, plan: Plan, patterns: tuple, rankdir: str):
         self.plan, self.rankdir = plan, rankdir
-        self.arguments, self.calls, self.returned, self.aliases = _parse(plan)
-        bound = {id(a) for a in plan.externals.values()}
-        self.externals = {name for name, value in plan.namespace.items() if id(value) in bound}
+        self.calls, self.aliases = _parse(plan)
         self.rep: dict[str, str] = {f"k{c.number}": f"k{c.number}" for c in self.calls}
         self.boxes: dict[str, tuple[str, list]] = {}          # box node -> (its scope, kernels)
         if patterns:
@@ -234,29 +172,26 @@ class _PlanDrawing:
                     self.boxes.setdefault(name, (scope, []))[1].append(call.kernel)
                     self.rep[f"k{call.number}"] = name
 
-    def _source(self, name: str, producer: dict) -> str | None:
-        """The node an array name comes from: the call that made it, the argument, the bound
-        array; None for a constant of the plan (a dtype, a shape), which is not drawn."""
-        while name in self.aliases and name not in producer:
-            name = self.aliases[name]
-        if name in producer:
-            return producer[name]
-        if name in self.arguments:
+    def _source(self, slot: int, producer: dict) -> str | None:
+        """The node an array comes from: the call that made it, the argument, the bound array."""
+        while slot in self.aliases and slot not in producer:
+            slot = self.aliases[slot]
+        if slot in producer:
+            return producer[slot]
+        name = self.plan.names[slot]
+        if slot in self.plan.inputs:
             return f"a_{name}"
-        if name in self.externals:
+        if slot in self.plan.externals:
             return f"e_{name}"
         return None
 
     def _call_node(self, call: _Call) -> tuple[str, dict]:
-        fused = _FUSED.fullmatch(call.kernel)
         attrs = {"shape": "box", "style": "rounded,filled", "fontsize": "10",
                  "tooltip": f"{self.plan.filename} line {call.line}: {call.text}"
                             + (f"  ({call.phase} {call.op})" if call.op else "")}
-        if fused:
-            formula = _formula_text(fused.group(1), tuple(call.params))
-            lines = [_members(fused.group(1), call.op)]
-            if formula is not None:
-                lines.append("= " + _break(formula, 36))
+        if call.chain is not None:
+            formula = _formula_text(call.chain.formula, tuple(call.chain.params))
+            lines = [" → ".join(m.kernel_name for m in call.chain.members), "= " + _break(formula, 36)]
             attrs.update(fillcolor=_FUSED_FILL, color=_FUSED_PEN, penwidth="1.5")
             return "\\n".join(lines), attrs
         fill = {"forward": _FORWARD_FILL, "backward": _BACKWARD_FILL}.get(call.phase, _UPDATE_FILL)
@@ -276,8 +211,8 @@ class _PlanDrawing:
         first_use: dict[str, str] = {}
         for call in self.calls:
             node = self.rep[f"k{call.number}"]
-            for name, leaf in call.reads:
-                source = self._source(name, producer)
+            for slot, leaf in call.reads:
+                source = self._source(slot, producer)
                 if source is None or source == node:
                     continue
                 first_use.setdefault(source, node)
@@ -285,8 +220,8 @@ class _PlanDrawing:
             if node.startswith("k"):
                 statements[node] = self._call_node(call)
                 self._place(tree, call.scope, node, call.number)
-            for name in call.targets:
-                producer[name] = node
+            for slot in call.targets:
+                producer[slot] = node
             # An in-place kernel's first argument now holds its result (adam_ on a parameter).
             if call.kernel.endswith("_") and call.reads and not call.targets:
                 producer.setdefault(call.reads[0][0], node)
@@ -320,9 +255,9 @@ class _PlanDrawing:
             if marks:
                 attrs["label"] = ",".join(marks)
             g.edge(source, target, **attrs)
-        returned = {self._source(name, producer) for name in self.returned} - {None}
+        returned = {self._source(slot, producer) for slot in self.plan.returns} - {None}
         if returned:
-            g.node("return", f"return ({len(self.returned)})", shape="plaintext", fontsize="10")
+            g.node("return", f"return ({len(self.plan.returns)})", shape="plaintext", fontsize="10")
             for source in sorted(returned, key=lambda s: (len(s), s)):
                 g.edge(source, "return", style="dashed", color="#888888")
         g.nodes = len(statements) + bool(returned)
