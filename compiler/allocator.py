@@ -17,8 +17,6 @@ import ctypes
 import os
 import sys
 
-__all__ = ["keep_freed_memory"]
-
 _M_TRIM_THRESHOLD = -1
 _M_TOP_PAD = -2
 _M_MMAP_THRESHOLD = -3

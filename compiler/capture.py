@@ -31,8 +31,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CaptureError", "Recorder", "Slot", "Const", "View", "Call", "HOST_READS", "recording_all",
-           "slot_indices"]
+__all__ = ["Recorder", "Slot", "Const", "View", "Call", "HOST_READS", "recording_all", "slot_indices"]
 
 # Kernels that copy a device value to the host, where Python can read (and freeze) it.
 HOST_READS = frozenset({"to_numpy"})

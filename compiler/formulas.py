@@ -34,7 +34,7 @@ import textwrap
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["Formula", "Kernel", "Plan", "plan", "derive", "cache_dir", "SELECTION"]
+__all__ = ["Kernel", "Plan", "plan", "derive", "cache_dir", "SELECTION"]
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,6 @@ import numbers
 import sys
 import threading
 
-__all__ = ["set_num_threads", "get_num_threads"]
-
 _requested: list[int] = []
 
 

@@ -49,7 +49,7 @@ from .compiler.source import compile_source
 from .optim import Optimizer
 from .tensor import Tensor
 
-__all__ = ["compile", "Compiled", "CompileStats", "CaptureError"]
+__all__ = ["Compiled", "CompileStats"]
 
 _log = logging.getLogger("tinygrad_attn.compile")
 # The engine's frames and the compiler's (installed inside the package, at the root here).

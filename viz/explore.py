@@ -29,7 +29,7 @@ from tinygrad_attn.serialize import atomic_file
 from .explore_page import CSS, JS, ROW
 from .heatmap import _visible
 
-__all__ = ["explore", "Explorer", "MAX_TOKENS", "MAX_VALUES", "MARKER"]
+__all__ = ["MAX_TOKENS", "MAX_VALUES", "MARKER"]
 
 #: The most tokens a side may have: past it the lines and the matrix are no longer readable.
 MAX_TOKENS = 256

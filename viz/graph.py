@@ -45,8 +45,6 @@ from tinygrad_attn.tensor import Tensor
 
 from .text import nodes
 
-__all__ = ["graph", "render", "Drawing", "GraphvizNotFound", "FORMATS", "MAX_VALUES", "RENDER_MAX_NODES"]
-
 #: Output formats ``render`` knows, by file suffix; ``dot`` (and ``gv``) write DOT source.
 FORMATS = {".svg": "svg", ".png": "png", ".pdf": "pdf", ".dot": "dot", ".gv": "dot"}
 

@@ -20,8 +20,6 @@ from .. import check, nn
 from .. import random as _random
 from ..tensor import Tensor, cat
 
-__all__ = ["BahdanauStep"]
-
 
 class BahdanauStep(nn.Module):
     """One Bahdanau decoder step from nn modules: s_{i-1} scores the keys (additive), the

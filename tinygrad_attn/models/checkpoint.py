@@ -19,7 +19,7 @@ from ..serialize import SerializationError, load, save
 from .seq2seq import Seq2Seq
 from .transformer import Transformer
 
-__all__ = ["Checkpoint", "save_checkpoint", "load_checkpoint", "CHECKPOINT_KIND", "ARCHITECTURES"]
+__all__ = ["CHECKPOINT_KIND", "ARCHITECTURES"]
 
 CHECKPOINT_KIND = "tinygrad_attn.seq2seq"
 #: The model classes a checkpoint can hold, by the name its "arch" field gives (files written

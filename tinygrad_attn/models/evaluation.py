@@ -21,8 +21,6 @@ from .transformer import Transformer
 
 Model = Seq2Seq | Transformer          # what decodes, evaluates, trains and checkpoints
 
-__all__ = ["evaluate", "decode", "translate", "translate_tokens", "validation_loss", "default_max_len"]
-
 
 def translate_tokens(model: Model, sources: Sequence, src_vocab: data.Vocab, tgt_vocab: data.Vocab,
                      max_len: int | None = None, beam: int | None = None, batch_size: int = 256,

@@ -9,8 +9,6 @@ from .. import random as _random
 from ..tensor import Tensor
 from .module import Module, Parameter
 
-__all__ = ["Embedding", "Dropout", "LayerNorm"]
-
 
 class Embedding(Module):
     """A table of ``num_embeddings`` vectors: y[...] = weight[ids[...]], as ``torch.nn.Embedding``.

@@ -8,8 +8,6 @@ from ..tensor import Tensor
 from . import init
 from .module import Module, Parameter
 
-__all__ = ["Linear"]
-
 
 class Linear(Module):
     """y = x W^T + b, as ``torch.nn.Linear`` (same parameter names, shapes and initialisation).

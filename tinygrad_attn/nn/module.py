@@ -15,8 +15,6 @@ from ..autograd import ShapeError
 from ..autograd import _state as _autograd_state
 from ..tensor import Tensor
 
-__all__ = ["Module", "Parameter"]
-
 
 class Parameter(Tensor):
     """A Tensor a Module learns: a leaf that requires grad (float32 by default).
