@@ -1,6 +1,6 @@
 """MkDocs hooks for the documentation site (mkdocs.yml names this file under `hooks:`).
 
-Two jobs:
+Three jobs:
 
 - The API reference is read from the source by griffe, which looks packages up on disk. The
   package installs `compiler/` and `viz/` from the repository root *inside* itself
@@ -9,8 +9,13 @@ Two jobs:
   own files plus `compiler` and `viz`, the tree as it is installed.
 - Every course notebook (`docs/course/*.py`, jupytext's percent format, rendered and executed by
   mkdocs-jupyter) is also written into the site as a `.ipynb` to download, and its page links it.
+- The notebooks' `$...$` and `$$...$$` formulas become MathML when the site is built (latex2mathml),
+  which browsers draw themselves: the pages need no script from the network to show them.
 """
 
+import html as html_text
+import logging
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -68,5 +73,35 @@ def on_page_content(html, page, config, files):
         name = Path(page.file.src_uri).stem + ".ipynb"
         link = (f'<p class="notebook-download"><a href="../{name}" download>'
                 f"Download this notebook ({name})</a></p>\n")
-        return link + html
+        return link + _mathml(html, page.file.src_uri)
     return html
+
+
+_log = logging.getLogger("mkdocs.hooks.math")
+# Code, scripts and styles keep their dollar signs; math is looked for in the rest.
+_VERBATIM = re.compile(r"(<(pre|code|script|style)\b.*?</\2>)", re.S)
+_DISPLAY = re.compile(r"\$\$(.+?)\$\$", re.S)
+_INLINE = re.compile(r"(?<![\\$])\$(?=\S)([^$\n]+?)(?<=\S)\$(?!\d)")
+
+
+def _mathml(html: str, where: str) -> str:
+    from latex2mathml.converter import convert
+
+    def replace(display: str):
+        def one(match):
+            latex = html_text.unescape(match.group(1)).strip()
+            try:
+                return convert(latex, display=display)
+            except Exception as error:     # the converter raises many kinds; the build must say which formula
+                _log.warning("%s: cannot draw the formula %r as MathML (%s)", where, latex, error)
+                return match.group(0)
+        return one
+
+    parts = _VERBATIM.split(html)
+    out = []
+    for index in range(0, len(parts), 3):            # text, verbatim block, its tag name, text, ...
+        text = _DISPLAY.sub(replace("block"), parts[index])
+        out.append(_INLINE.sub(replace("inline"), text))
+        if index + 1 < len(parts):
+            out.append(parts[index + 1])
+    return "".join(out)
