@@ -198,7 +198,8 @@ def _build_cpu(kernel: Kernel) -> Callable | None:
 # the package does not import Numba (~0.2 s): the first call of any of them loads them all.
 CPU_KERNELS = ("softmax", "softmax_back", "log_softmax", "log_softmax_back", "masked_softmax",
                "cross_entropy", "cross_entropy_back", "embedding_back", "additive_scores",
-               "additive_scores_back", "sdpa", "sdpa_back", "sdpa_weights", "layer_norm", "layer_norm_back",
+               "additive_scores_back", "sdpa", "sdpa_back", "sdpa_weights", "sdpa_prefix", "layer_norm",
+               "layer_norm_back",
                "gru_gates", "gru_gates_back", "lstm_cell_state", "lstm_cell_state_back",
                "lstm_hidden", "lstm_hidden_back", "adam_")
 

@@ -3,7 +3,8 @@
 The layer step (``TransformerDecoderLayer.step``) on a preallocated cache is held against the
 layer's own ``forward`` on the whole prefix and against the growing cache; compiled greedy
 decoding and sampling against eager decoding of the same model, bit for bit; the cache write
-kernel against numpy's assignment.
+kernel against numpy's assignment; the attention over a cache's filled keys (``sdpa_prefix``)
+against the numpy device's masked attention.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 import tinygrad_attn as ta
 from tinygrad_attn.compiler import get_backend
+from tinygrad_attn.models.decoding import _COMPILED_ENCODERS as _ENCODERS
 from tinygrad_attn.models.decoding import _COMPILED_STEPS as _COMPILED
 
 
@@ -53,6 +55,68 @@ def test_write_at_writes_one_position_in_place_on_every_host_device(shape, data)
         out = get_backend(device).write_at_(got, np.array(position, dtype=np.int64), rows, axis)
         assert out is got                              # in place: the kernel returns its target
         np.testing.assert_array_equal(got, want)
+
+
+def _prefix_case(n: int, t_q: int, length: int, d: int, d_v: int, dtype, seed: int):
+    rng = np.random.default_rng(seed)
+    shapes = ((n, t_q, d), (n, length, d), (n, length, d_v))
+    return tuple(rng.normal(size=shape).astype(dtype) for shape in shapes)
+
+
+def _prefix_reference(q, k, v, position: int, scale: float) -> np.ndarray:
+    """The numpy device's masked attention with every key past ``position`` hidden."""
+    mask = (np.arange(k.shape[1]) <= position)[None, None, :]
+    return get_backend("numpy").sdpa(q, k, v, mask, scale, False)[0]
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 6), t_q=st.integers(1, 2), length=st.integers(1, 9), d=st.integers(1, 5),
+       d_v=st.integers(1, 4), dtype=st.sampled_from([np.float32, np.float64]), data=st.data())
+def test_sdpa_prefix_reads_only_the_keys_up_to_the_position_on_every_host_device(n, t_q, length, d, d_v,
+                                                                                 dtype, data):
+    position = data.draw(st.integers(0, length - 1))
+    q, k, v = _prefix_case(n, t_q, length, d, d_v, dtype, n * 31 + length)
+    want = _prefix_reference(q, k, v, position, 0.7)
+    # Garbage past the position must not matter: the kernel never reads it.
+    k[:, position + 1:], v[:, position + 1:] = np.nan, np.inf
+    for device in ("numpy", "cpu"):
+        got = get_backend(device).sdpa_prefix(q, k, v, np.array(position, dtype=np.int64), 0.7)
+        assert got.shape == (n, t_q, d_v) and got.dtype == dtype
+        np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == np.float32 else 1e-12, atol=1e-6)
+
+
+def test_sdpa_prefix_equals_the_masked_kernel_bit_for_bit_on_the_cpu():
+    # A decoding step used the masked kernel before: the same sums in the same order.
+    cpu = get_backend("cpu")
+    q, k, v = _prefix_case(256, 1, 30, 32, 32, np.float32, 5)
+    for position in (0, 11, 29):
+        mask = (np.arange(30) <= position)[None, None, :]
+        np.testing.assert_array_equal(cpu.sdpa_prefix(q, k, v, np.array(position), 0.25),
+                                      cpu.sdpa(q, k, v, mask, 0.25, False)[0])
+
+
+@pytest.mark.parametrize("device", ["numpy", "cpu"])
+def test_sdpa_prefix_refuses_a_position_outside_the_cache(device):
+    q, k, v = _prefix_case(2, 1, 4, 3, 3, np.float64, 0)
+    for position in (-1, 4):
+        with pytest.raises(IndexError, match=rf"sdpa_prefix: position {position} is outside the 4 keys"):
+            get_backend(device).sdpa_prefix(q, k, v, np.array(position), 1.0)
+
+
+def test_cuda_sdpa_prefix_equals_the_numpy_reference():
+    from tinygrad_attn.compiler import available_devices
+
+    if "cuda" not in available_devices():
+        pytest.skip("no CUDA GPU here and NUMBA_ENABLE_CUDASIM is not set")
+    from numba import cuda
+
+    gpu = get_backend("cuda")
+    for dtype, tol in ((np.float32, 1e-5), (np.float64, 1e-12)):
+        q, k, v = _prefix_case(3, 2, 5, 4, 3, dtype, 1)
+        for position in (0, 2, 4):
+            got = gpu.sdpa_prefix(*(cuda.to_device(x) for x in (q, k, v)),
+                                  cuda.to_device(np.array(position, dtype=np.int64)), 0.7).copy_to_host()
+            np.testing.assert_allclose(got, _prefix_reference(q, k, v, position, 0.7), rtol=tol, atol=tol)
 
 
 # ---------------------------------------------------------------- the layer step
@@ -137,6 +201,9 @@ def test_compiled_greedy_equals_eager_bit_for_bit_with_one_plan(dtype, norm_firs
     # One plan per batch size and source width: (5, 7) twice, (3, 4) once; every other step replays.
     assert stats.plans == 2 and stats.captures == 2 and stats.eager_calls == 0
     assert stats.replays > 20
+    # The encoder replays its own plan, one per batch size and source width too.
+    encoder = _ENCODERS[m].stats
+    assert encoder.plans == 2 and encoder.captures == 2 and encoder.replays == 1 and encoder.eager_calls == 0
 
 
 def test_compiled_greedy_options_and_a_changed_model():
@@ -226,6 +293,13 @@ def test_beam_state_keeps_b_times_beam_rows_at_every_step():
         assert state.caches[1].memory_keys.shape[0] == 6 and list(state.source[:2]) == [2, 0]
         log_probs, attention, _ = m.decode_step(state, np.array([4, 5]), 1)
         assert log_probs.shape == (2, 22)
+        # The device gathers take the rows unchecked: the host index is checked first.
+        with pytest.raises(IndexError, match="decode_select: row 6 is outside the state's 6 rows"):
+            m.decode_select(state, np.array([0, 6]))
+        with pytest.raises(IndexError, match="decode_select: row -1 is outside"):
+            m.decode_select(state, np.array([-1]))
+        with pytest.raises(ValueError, match="7 rows do not fit the state's capacity of 6"):
+            m.decode_select(state, np.zeros(7, dtype=np.int64))
 
 
 @pytest.mark.parametrize("norm_first", [False, True])

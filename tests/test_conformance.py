@@ -169,7 +169,8 @@ def attention(rng, dtype, shape):
     o, lse = REFERENCE.sdpa(q, k, v, mask, 0.6, causal)
     do = rng.normal(size=o.shape).astype(dtype)
     return [("sdpa", (q, k, v, mask, 0.6, causal)), ("sdpa_back", (q, k, v, o, lse, do, mask, 0.6, causal)),
-            ("sdpa_weights", (q, k, lse, mask, 0.6, causal)), ("sdpa", (q, k, v, mask, 0.6, causal, True))]
+            ("sdpa_weights", (q, k, lse, mask, 0.6, causal)), ("sdpa", (q, k, v, mask, 0.6, causal, True)),
+            ("sdpa_prefix", (q, k, v, np.array(rng.integers(0, t_k), dtype=np.int64), 0.6))]
 
 
 def additive(rng, dtype, shape):

@@ -82,14 +82,12 @@ def sources(batch: int, length: int) -> np.ndarray:
 def engine_encoder_outputs(model, src: np.ndarray) -> dict:
     """What the exported encoder should write, from the engine, by output name."""
     if isinstance(model, ta.models.Transformer):
-        from tinygrad_attn.models.transformer import memory_keys
-
         memory = model.encode(src)
         if not model.transformer.decoder.layers:        # nothing reads the memory: it is the output
             return {"memory": memory.numpy()}
         found = {}
         for k, layer in enumerate(model.transformer.decoder.layers):
-            keys, values = memory_keys(layer.multihead_attn, memory, {})
+            keys, values = layer.multihead_attn.project_memory(memory)
             found[f"memory_key{k}"], found[f"memory_value{k}"] = keys.numpy(), values.numpy()
         return found
     memory = model.encode(src)

@@ -63,10 +63,11 @@ def test_cached_decoding_steps_equal_running_the_whole_prefix(dtype, tol, norm_f
         memory = model.encode(src)
         full = model.transformer.decoder(model._embed(model.tgt_embed, tgt_in), memory,
                                          memory_key_mask=src != 0, causal=True).numpy()
-        caches = [{} for _ in model.transformer.decoder.layers]
+        length = tgt_in.shape[1]
+        caches = [layer.start_cache(memory, length) for layer in model.transformer.decoder.layers]
         mask = ta.Tensor((src != 0)[:, None, None, :])
-        steps = [model._cached_step(tgt_in[:, t:t + 1], t, memory, mask, caches).numpy()
-                 for t in range(tgt_in.shape[1])]
+        steps = [model.decoder_step(ta.Tensor(tgt_in[:, t:t + 1]), caches, mask,
+                                    ta.Tensor(np.array(t, dtype=np.int64)))[0].numpy() for t in range(length)]
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, rtol=tol, atol=tol)
     cached, _ = model.greedy(src, max_len=8)
     uncached, _ = model.greedy(src, max_len=8, use_cache=False)

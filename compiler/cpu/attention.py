@@ -14,7 +14,13 @@ from numba import njit
 
 from .. import reference, threads
 from ..numba_support import FAST, _exp, _like
-from .attention_small import _sdpa_small_back_serial, _sdpa_small_serial, sdpa_back_batched, sdpa_batched
+from .attention_small import (
+    _sdpa_small_back_serial,
+    _sdpa_small_serial,
+    sdpa_back_batched,
+    sdpa_batched,
+    sdpa_prefix_serial,
+)
 from .softmax import _NO_MASK
 
 # ---------------------------------------------------------------- scaled dot-product attention
@@ -459,4 +465,16 @@ def sdpa_weights(q, k, lse, mask, scale, causal):
     return s
 
 
-KERNELS = {"sdpa": sdpa, "sdpa_back": sdpa_back, "sdpa_weights": sdpa_weights}
+def sdpa_prefix(q, k, v, position, scale):
+    """reference.sdpa_prefix: q (N, T_q, D) over the keys 0 .. position of k (N, L, D),
+    v (N, L, D_v), one Numba sweep (a decoding step's few heads run serially, see
+    ``_small_split``)."""
+    count = reference.attention.prefix_length(position, k.shape[1])
+    q, k, v = (np.ascontiguousarray(x) for x in (q, k, v))
+    o = np.empty(q.shape[:2] + v.shape[2:], dtype=q.dtype)
+    if o.size:
+        sdpa_prefix_serial(q, k, v, count, q.dtype.type(scale), o)
+    return o
+
+
+KERNELS = {"sdpa": sdpa, "sdpa_back": sdpa_back, "sdpa_weights": sdpa_weights, "sdpa_prefix": sdpa_prefix}

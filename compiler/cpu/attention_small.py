@@ -85,6 +85,35 @@ def _sdpa_small_serial(q, k, v, mask, has_mask, causal, scale, o, lse, weights, 
         _sdpa_small_head(n, q, k, v, mask, has_mask, causal, scale, o, lse, scores, weights, has_weights)
 
 
+@njit(cache=True, fastmath=FAST, error_model="numpy", nogil=True)
+def sdpa_prefix_serial(q, k, v, count, scale, o):
+    """o[n, i] = softmax(q[n, i] . k[n, :count] scale) v[n, :count] for every head n and query
+    i (q (N, T_q, D), k (N, L, D), v (N, L, D_v), 1 <= count <= L): a decoding step's
+    self-attention over the filled part of its cache, as ``_sdpa_small_head`` computes an
+    unmasked row (the same sums in the same order)."""
+    scores = np.empty(count, dtype=q.dtype)
+    for n in range(q.shape[0]):
+        for i in range(q.shape[1]):
+            q_i, o_i = q[n, i], o[n, i]
+            m = _like(q_i[0], -np.inf)
+            for j in range(count):
+                e = _dot(q_i, k[n, j]) * scale
+                scores[j] = e
+                m = max(m, e)
+            for d in range(o_i.shape[0]):
+                o_i[d] = 0.0
+            total = _like(m, 0.0)
+            for j in range(count):
+                p = _exp(scores[j] - m)
+                total += p
+                v_j = v[n, j]
+                for d in range(o_i.shape[0]):
+                    o_i[d] += p * v_j[d]
+            inv = _like(m, 1.0) / total
+            for d in range(o_i.shape[0]):
+                o_i[d] *= inv
+
+
 @njit(cache=True, fastmath=FAST, error_model="numpy")
 def _sdpa_small_back_head(n, q, k, v, o, lse, do, mask, has_mask, causal, scale, dq, dk, dv):
     """Head n's gradients, each weight rebuilt from lse: p = exp(q.k scale - lse),

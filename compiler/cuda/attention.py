@@ -15,6 +15,7 @@ from .device import (
     THREADS,
     _blocks,
     _empty,
+    _flat,
     _launch,
     _no_mask,
     _per_dtype,
@@ -393,6 +394,50 @@ def sdpa_weights(q, k, lse, mask, scale, causal):
     return p
 
 
+@_per_dtype
+def _sdpa_prefix_kernel(nb_type, dtype):
+    zero, one, lowest = dtype.type(0), dtype.type(1), dtype.type(-np.inf)
+
+    @cuda.jit
+    def sdpa_prefix_run(o, q, k, v, position, scale):
+        """o[n, i, e] over the keys 0 .. position, a thread per entry: each recomputes its
+        row's scores (a decoding step's rows are few and short).  The position is read
+        here, on the device, and clamped to the keys there are."""
+        t_q, d, d_v = q.shape[1], q.shape[2], v.shape[2]
+        count = min(max(position[0] + 1, 1), k.shape[1])
+        for flat in range(cuda.grid(1), o.shape[0] * t_q * d_v, cuda.gridsize(1)):
+            n = flat // (t_q * d_v)
+            i = (flat // d_v) % t_q
+            e = flat % d_v
+            m = lowest
+            for j in range(count):
+                s = zero
+                for dd in range(d):
+                    s += q[n, i, dd] * k[n, j, dd]
+                m = max(m, s * scale)
+            total, acc = zero, zero
+            for j in range(count):
+                s = zero
+                for dd in range(d):
+                    s += q[n, i, dd] * k[n, j, dd]
+                p = math.exp(s * scale - m)
+                total += p
+                acc += p * v[n, j, e]
+            o[n, i, e] = acc * (one / total)
+
+    return sdpa_prefix_run
+
+
+def sdpa_prefix(q, k, v, position, scale):
+    """reference.sdpa_prefix: q (N, T_q, D) over the keys 0 .. position of k (N, L, D),
+    v (N, L, D_v); ``position`` a 0-d int device array, never read on the host."""
+    o = _empty(tuple(q.shape[:2]) + (v.shape[2],), q.dtype)
+    if o.size and k.shape[1]:
+        _launch(_sdpa_prefix_kernel(q.dtype), _blocks(o.size), THREADS, o, q, k, v, _flat(position),
+                q.dtype.type(scale))
+    return o
+
+
 # ---------------------------------------------------------------- the table
 
-KERNELS = {"sdpa": sdpa, "sdpa_back": sdpa_back, "sdpa_weights": sdpa_weights}
+KERNELS = {"sdpa": sdpa, "sdpa_back": sdpa_back, "sdpa_weights": sdpa_weights, "sdpa_prefix": sdpa_prefix}

@@ -127,4 +127,23 @@ def sdpa_weights(q, k, lse, mask, scale, causal):
     return np.where(keep, p, 0).astype(q.dtype, copy=False)
 
 
-KERNELS = {"sdpa": sdpa, "sdpa_back": sdpa_back, "sdpa_weights": sdpa_weights}
+def prefix_length(position, t_k: int, where: str = "sdpa_prefix") -> int:
+    """The keys ``sdpa_prefix`` reads: position + 1, ``position`` a 0-d (or (1,)) int array;
+    a position outside 0 .. T_k - 1 is an error naming ``where``."""
+    at = int(np.asarray(position).reshape(-1)[0])
+    if not 0 <= at < t_k:
+        raise IndexError(f"{where}: position {at} is outside the {t_k} keys of the cache")
+    return at + 1
+
+
+def sdpa_prefix(q, k, v, position, scale):
+    """Attention of q (N, T_q, D) over the keys 0 .. position of k (N, L, D), v (N, L, D_v):
+    a decoder's self-attention over its preallocated cache, the keys past the newest token
+    never read (neither masked nor computed).  ``position``: a 0-d int64 array, read by the
+    kernel, so a replayed plan serves every step.  Returns o (N, T_q, D_v); no lse (decoding
+    has no backward).  Equals ``sdpa`` with the keys past ``position`` masked."""
+    count = prefix_length(position, k.shape[1])
+    return _sdpa(q, k[:, :count], v[:, :count], None, scale, False, False)[0]
+
+
+KERNELS = {"sdpa": sdpa, "sdpa_back": sdpa_back, "sdpa_weights": sdpa_weights, "sdpa_prefix": sdpa_prefix}

@@ -592,15 +592,17 @@ def _limits(model, where: str, src: np.ndarray, max_len, min_length, ngram) -> n
     return asked if cap is None else np.minimum(asked, cap)
 
 
-# Per model: its compiled decode step, so plans outlive one decode.
+# Per model: its compiled decode step, and its compiled encoder, so plans outlive one decode.
 _COMPILED_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_COMPILED_ENCODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def compiled_step(model, method: str):
-    """``model.<method>`` (a decode step of tensors alone) under ``ta.compile``, one per model.
-    The compiled function reaches the model through a weak reference: a bound method held as
-    the value of this weak-keyed table would keep every model that ever decoded alive."""
-    step = _COMPILED_STEPS.get(model)
+def compiled_step(model, method: str, table: weakref.WeakKeyDictionary = _COMPILED_STEPS):
+    """``model.<method>`` (a decode step of tensors alone) under ``ta.compile``, one per model
+    in ``table`` (``_COMPILED_ENCODERS`` for a model's encoder).  The compiled function
+    reaches the model through a weak reference: a bound method held as the value of this
+    weak-keyed table would keep every model that ever decoded alive."""
+    step = table.get(model)
     if step is None:
         from ..compiled import compile as ta_compile
 
@@ -609,26 +611,47 @@ def compiled_step(model, method: str):
         def decode_step(*tensors):
             return function(owner(), *tensors)
 
-        decode_step.__name__ = decode_step.__qualname__ = f"{type(model).__name__}_decode_step"
-        step = _COMPILED_STEPS[model] = ta_compile(decode_step)
+        role = "decode_step" if table is _COMPILED_STEPS else "encoder"
+        decode_step.__name__ = decode_step.__qualname__ = f"{type(model).__name__}_{role}"
+        step = table[model] = ta_compile(decode_step)
     return step
 
 
-def row_index(rows, capacity: int | None) -> np.ndarray:
+def row_index(rows, capacity: int | None, size: int | None = None) -> np.ndarray:
     """The int64 index that picks ``rows`` of a decode state, padded with 0s up to
     ``capacity`` (a state of fixed row count: the padding rows copy row 0, finite values
-    that are never read)."""
+    that are never read).  ``size``: the state's rows, every one of ``rows`` must be below
+    it (checked here, on the host, so the device gathers need no check of their own)."""
     rows = np.asarray(rows, dtype=np.int64)
+    if size is not None and len(rows) and (rows.min() < 0 or rows.max() >= size):
+        bad = int(rows.min()) if rows.min() < 0 else int(rows.max())
+        raise IndexError(f"decode_select: row {bad} is outside the state's {size} rows")
     if capacity is None:
         return rows
+    if len(rows) > capacity:
+        raise ValueError(f"decode_select: {len(rows)} rows do not fit the state's capacity of {capacity}")
     return np.concatenate([rows, np.zeros(capacity - len(rows), np.int64)])
 
 
-def take_rows(x, rows):
-    """``x[rows]`` along the first axis, ``rows`` (M,) int64 a Tensor on ``x``'s device: the
-    embedding kernel on ``x`` seen as a (N, rest) table, so the index is an input of a
-    compiled step and nothing is copied through the host."""
-    from ..functional import embedding
+def select_rows(state_capacity: int | None, capacity: int | None, rows, size: int, device):
+    """What a ``decode_select`` starts from: (its capacity, the host index of ``rows`` (see
+    ``row_index``), the same index as a Tensor on ``device`` for ``take_rows``)."""
+    capacity = state_capacity if capacity is None else capacity
+    index = row_index(rows, capacity, size)
+    from ..tensor import Tensor
 
-    table = x.reshape(x.shape[0], math.prod(x.shape[1:]))
-    return embedding(rows, table).reshape((rows.shape[0],) + tuple(x.shape[1:]))
+    return capacity, index, Tensor(index, device=device)
+
+
+def take_rows(x, rows):
+    """``x[rows]`` along the first axis, ``rows`` (M,) int64 a Tensor on ``x``'s device whose
+    values ``row_index`` checked: the device's embedding kernel on ``x`` seen as a (N, rest)
+    table, called directly (decoding keeps no graph), so no range check waits on the device
+    per gathered tensor, and nothing is copied through the host; inside a compiled step the
+    index is an input of the plan."""
+    from ..tensor import Tensor
+
+    backend, rest = x.backend, tuple(x.shape[1:])
+    table = backend.reshape(x._data, (x.shape[0], math.prod(rest)))
+    out = backend.embedding(table, rows._data)
+    return Tensor._make(backend.reshape(out, (rows.shape[0],) + rest), backend, False)

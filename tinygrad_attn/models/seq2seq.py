@@ -353,9 +353,8 @@ class Seq2Seq(TorchTwin, nn.Module):
         """The rows ``rows`` of a state, gathered on the device (``decoding.take_rows``).  A state of
         fixed capacity (``decode_start``'s ``max_rows``) stays that many rows: the index is
         ``rows`` followed by 0s, so the padding rows copy row 0 (finite values, never read)."""
-        capacity = state.capacity if capacity is None else capacity
-        index = decoding.row_index(rows, capacity)
-        picks = Tensor(index, device=self.out.weight.device)
+        capacity, index, picks = decoding.select_rows(state.capacity, capacity, rows, len(state.source),
+                                                      self.out.weight.device)
         source = state.source[index]
         # A beam's survivors mostly keep their sources' rows: the memory is copied only when
         # the rows' sources change (the first step's fan-out, a finished source leaving).

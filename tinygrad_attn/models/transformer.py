@@ -302,20 +302,27 @@ class Transformer(TorchTwin, nn.Module):
         the decoder on the prefix.  ``compile``: each step replays one ``ta.compile`` plan (the
         embedding of the token and its position, the layers' steps and the output layer),
         the position an input, so the same plan serves every step of every decode of the same
-        batch size and source width; its results are the eager step's, bit for bit.
+        batch size and source width; its results are the eager step's, bit for bit.  The
+        encoder replays a plan of its own (one per batch size and source width), also bit
+        for bit the eager encoder's.
 
         ``max_rows`` (beam search: B * beam): with the cache, the state keeps that many rows
         from the start, whatever ``decode_select`` keeps (rows past the live ones are padding,
         copies of row 0, whose outputs are dropped), so every step has one shape."""
         if compile and not use_cache:
             raise ValueError("Transformer.decode_start: compile=True decodes with the cache (use_cache=True)")
-        memory, mask = self.encode(src), src != PAD
+        mask = src != PAD
+        if compile:         # the encoder replays its own plan: one per batch size and source width
+            encoder = decoding.compiled_step(self, "encode", decoding._COMPILED_ENCODERS)
+            memory = encoder(Tensor(src, device=self.out.weight.device))
+        else:
+            memory = self.encode(src)
         length = self.max_len if max_steps is None else max(1, min(int(max_steps), self.max_len))
         caches = [layer.start_cache(memory, length) for layer in self.transformer.decoder.layers] \
             if use_cache else []
         step = decoding.compiled_step(self, "_step") if compile else self._step
         batch = src.shape[0]
-        state = _State(memory, mask, Tensor(mask[:, None, None, :], device=memory.device), caches,
+        state = _State(memory, mask, self._step_mask(mask, memory.device), caches,
                        np.full((batch, 0), START, dtype=np.int64), use_cache, np.arange(batch), step)
         if use_cache and max_rows is not None and int(max_rows) > batch:
             state = self.decode_select(state, np.arange(batch), capacity=int(max_rows))
@@ -324,7 +331,6 @@ class Transformer(TorchTwin, nn.Module):
     def decode_step(self, state: _State, tokens: np.ndarray, t: int):
         """One step from the previous ids (N,): (the model's log-probabilities (N, V) float64,
         the last decoder layer's cross-attention averaged over heads (N, S), the next state)."""
-        prefix = np.concatenate([state.prefix, tokens[:, None]], axis=1)          # (N, t + 1)
         device = state.memory.device
         count = len(tokens)
         if state.use_cache:
@@ -336,13 +342,15 @@ class Transformer(TorchTwin, nn.Module):
                 ids = Tensor(tokens[:, None], device=device)
                 logits, weights = state.step(ids, position, state.step_mask, *flat)
         else:
+            prefix = np.concatenate([state.prefix, tokens[:, None]], axis=1)          # (N, t + 1)
+            state = replace(state, prefix=prefix)
             # Only the last layer's cross-attention: the other calls rebuild no weights.  With no
             # decoder layer nothing attends to the source, and nothing is recorded.
             last = len(self.transformer.decoder.layers) - 1
             key = _key(scopes.DECODER, scopes.step(t), scopes.layer(last), scopes.CROSS_ATTENTION)
             recording = attention_record(only=[key]) if last >= 0 else nullcontext()
             with scope(scopes.DECODER), scope(scopes.step(t)), recording as record:
-                h = self.transformer.decoder(self._embed(self.tgt_embed, prefix), state.memory,
+                h = self.transformer.decoder(self._embed(self.tgt_embed, state.prefix), state.memory,
                                              memory_key_mask=state.memory_mask, causal=True)[:, -1:]
                 logits = self.out(h)
             weights = None if record is None else record[key]
@@ -350,16 +358,15 @@ class Transformer(TorchTwin, nn.Module):
         if weights is not None and not isinstance(weights, np.ndarray):
             weights = weights.numpy()
         attention = None if weights is None else weights[:count, :, -1].mean(axis=1)   # (N, S)
-        return log_probs, attention, replace(state, prefix=prefix)
+        return log_probs, attention, state
 
     def decode_select(self, state: _State, rows: np.ndarray, capacity: int | None = None) -> _State:
         """The rows ``rows`` of a state, gathered on the device (``decoding.take_rows``).  A state of
         fixed capacity (``decode_start``'s ``max_rows``) stays that many rows: the index is
         ``rows`` followed by 0s, so the padding rows copy row 0 (finite values, never read)."""
-        capacity = state.capacity if capacity is None else capacity
-        index = decoding.row_index(rows, capacity)
         device = state.memory.device
-        picks = Tensor(index, device=device)
+        capacity, index, picks = decoding.select_rows(state.capacity, capacity, rows, len(state.source),
+                                                      device)
 
         def take(x):
             return None if x is None else decoding.take_rows(x, picks)
@@ -377,9 +384,18 @@ class Transformer(TorchTwin, nn.Module):
         else:
             # The mask lives on the host too: the device copy is made from it, not gathered.
             mask = state.memory_mask[index]
-            memory, step_mask = take(state.memory), Tensor(mask[:, None, None, :], device=device)
+            memory, step_mask = take(state.memory), self._step_mask(mask, device)
         return _State(memory, mask, step_mask, caches, state.prefix[rows], state.use_cache, source,
                       state.step, capacity)
+
+    def _step_mask(self, mask: np.ndarray, device) -> Tensor:
+        """The source mask (N, S) as every cross-attention of a cached step reads it, laid out
+        (N, H, 1, S) once per decode: the attention kernel takes it as it is, where a
+        (N, 1, 1, S) mask would be broadcast into a copy by every layer at every step."""
+        layers = self.transformer.decoder.layers
+        heads = layers[0].multihead_attn.num_heads if len(layers) else 1
+        shape = (mask.shape[0], heads, 1, mask.shape[1])
+        return Tensor(np.ascontiguousarray(np.broadcast_to(mask[:, None, None, :], shape)), device=device)
 
     def decoder_step(self, tokens, caches: list, memory_mask=None, position: Tensor | None = None,
                      positions: Tensor | None = None, need_weights: bool = False):
@@ -419,49 +435,12 @@ class Transformer(TorchTwin, nn.Module):
         key = (like.dtype, like.device)
         if key not in tables:
             tables[key] = Tensor(self._sinusoids, dtype=like.dtype, device=like.device)
-        return F.embedding(index, tables[key])
+        # The row read by the device's gather directly: ``decode_start`` keeps the position
+        # within the table, so no per-step range check waits on the device.
+        return decoding.take_rows(tables[key], index.reshape(1)).reshape(1, 1, self.d_model)
 
-    def _cached_step(self, token: np.ndarray, t: int, memory: Tensor, memory_mask: Tensor, caches: list[dict],
-                     positions: Tensor | None = None) -> Tensor:
-        """The decoder's output at position t from its input token alone (B, 1, d_model), with
-        growing caches kept in ``caches`` (one dict per layer, filled at the first step from
-        ``memory``); ``memory_mask`` (B, 1, 1, S) is True at real source tokens.  The step of
-        ``decoder_step``, kept for callers that hold dict caches."""
-        layers = self.transformer.decoder.layers
-        for layer, cache in zip(layers, caches, strict=True):
-            if CACHE not in cache:
-                cache[CACHE] = layer.start_cache(memory)
-        if positions is None:
-            if t + 1 > self.max_len:
-                raise ShapeError(f"Transformer: a sequence of {t + 1} tokens is longer than the position "
-                                 f"table (max_len={self.max_len}); build the model with a larger max_len")
-            positions = self._embed_rows(t, self.out.weight)
-        h, _ = self.decoder_step(Tensor(token, device=self.out.weight.device) if isinstance(token, np.ndarray)
-                                 else token, [cache[CACHE] for cache in caches], memory_mask, None, positions)
-        return h
-
-    def _embed_rows(self, t: int, like: Tensor) -> Tensor:
-        """The position table's row t (1, d_model), read on the host (growing caches only)."""
-        if self.config["positions"] == "learned":
-            return self.position(np.array([t]))
-        return Tensor(self._sinusoids[t:t + 1], dtype=like.dtype, device=like.device)
-
-
-# A dict cache's entry (``_cached_step``): the layer's DecoderCache.
-CACHE = "cache"
 # Per model: the sinusoid table as a Tensor, per (dtype, device) (a constant a plan reads).
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def memory_keys(mha: nn.MultiHeadAttention, memory: Tensor, cache: dict) -> tuple[Tensor, Tensor]:
-    """A cross-attention's keys and values of the memory (B, H, S, D), projected once into
-    ``cache`` (``MultiHeadAttention.project_memory``)."""
-    if MEMORY not in cache:
-        cache[MEMORY] = mha.project_memory(memory)
-    return cache[MEMORY]
-
-
-MEMORY = "memory"
 
 
 def _key(*scope_names: str) -> str:
@@ -472,12 +451,13 @@ def _key(*scope_names: str) -> str:
 @dataclass
 class _State:
     """A decode of N rows before step t: the memory (N, S, E) and its mask, each decoder
-    layer's ``DecoderCache``, the ids fed so far (N, t), ``<start>`` first, and the step
-    function (the model's, or its compiled plan)."""
+    layer's ``DecoderCache``, the ids fed so far (N, t), ``<start>`` first (without the cache
+    only: the cached step reads its caches, (N, 0) here), and the step function (the model's,
+    or its compiled plan)."""
 
     memory: Tensor
     memory_mask: np.ndarray
-    step_mask: Tensor           # memory_mask as the cached step reads it, (N, 1, 1, S) on the device
+    step_mask: Tensor           # memory_mask as the cached step reads it, (N, H, 1, S) on the device
     caches: list
     prefix: np.ndarray
     use_cache: bool

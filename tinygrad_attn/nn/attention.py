@@ -237,8 +237,7 @@ class MultiHeadAttention(Module):
         x (B, 1, E), keys (B, H, S, D) -> (output (B, 1, E), weights (B, H, 1, S) or None)."""
         return self._attend(_heads(x, W_q, b_q, self.num_heads), keys, values, mask, need_weights)
 
-    def step(self, x: Tensor, keys: Tensor, values: Tensor, position: Tensor | None = None,
-             slots: Tensor | None = None):
+    def step(self, x: Tensor, keys: Tensor, values: Tensor, position: Tensor | None = None):
         """Self-attention of the newest token x (B, 1, E) over every token so far ->
         (output (B, 1, E), keys, values).
 
@@ -246,8 +245,10 @@ class MultiHeadAttention(Module):
         tokens come back (B, H, t + 1, D), the new token's appended.  With ``position`` (a
         0-d int64 Tensor, t) they are preallocated buffers (B, H, L, D), L the decode's
         length: the new token's row is written at t in place (the ``write_at_`` kernel) and
-        the keys at ``slots`` (L,) int64, 0 .. L - 1, past t are masked, all with kernels,
-        so one compiled plan serves every step.  Unwritten rows add exact zeros."""
+        the query reads the keys 0 .. t only (the ``sdpa_prefix`` kernel, the position its
+        loop bound), so one compiled plan serves every step and no step pays for the slots
+        not yet written.  The preallocated form is for decoding: its writes and its attention
+        keep no graph (no gradient reaches the keys and values through them)."""
         batch, E, H = x.shape[0], self.embed_dim, self.num_heads
         if "in_proj_weight" in self._parameters:
             qkv = F.linear(x, self.in_proj_weight, self.in_proj_bias)                         # (B, 1, 3E)
@@ -258,12 +259,12 @@ class MultiHeadAttention(Module):
             q, k, v = _heads(x, W_q, b_q, H), _heads(x, W_k, b_k, H), _heads(x, W_v, b_v, H)
         if position is None:
             keys, values = cat([keys, k], axis=2), cat([values, v], axis=2)
-            mask = None
-        else:
-            _write_at(keys, position, k)
-            _write_at(values, position, v)
-            mask = (slots <= position).reshape(1, 1, 1, slots.shape[0])
-        return self._attend(q, keys, values, mask, False)[0], keys, values
+            return self._attend(q, keys, values, None, False)[0], keys, values
+        _write_at(keys, position, k)
+        _write_at(values, position, v)
+        context = _attend_prefix(q, keys, values, position)                                  # (B, H, 1, D)
+        heads = context.reshape(batch, 1, E)
+        return F.linear(heads, self.out_proj.weight, self.out_proj.bias), keys, values
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask, need_weights: bool):
         if need_weights:
@@ -296,6 +297,18 @@ def _heads(x: Tensor, W: Tensor, b: Tensor | None, num_heads: int) -> Tensor:
     if length == 1:             # one token: the heads need no transpose, only a reshape
         return y.reshape(batch, num_heads, 1, E // num_heads)
     return y.reshape(batch, length, num_heads, E // num_heads).transpose(1, 2)
+
+
+def _attend_prefix(q: Tensor, keys: Tensor, values: Tensor, position: Tensor) -> Tensor:
+    """One query per head (B, H, 1, D) over the cache's keys and values (B, H, L, D) at
+    positions 0 .. position, by the device's ``sdpa_prefix`` kernel (no graph: decoding)."""
+    (batch, heads, _, depth), length = q.shape, keys.shape[2]
+    backend = q.backend
+    out = backend.sdpa_prefix(backend.reshape(q._data, (batch * heads, 1, depth)),
+                              backend.reshape(keys._data, (batch * heads, length, depth)),
+                              backend.reshape(values._data, (batch * heads, length, values.shape[3])),
+                              position._data, 1.0 / math.sqrt(depth))
+    return Tensor._make(backend.reshape(out, (batch, heads, 1, values.shape[3])), backend, False)
 
 
 def _write_at(cache: Tensor, position: Tensor, rows: Tensor) -> None:

@@ -200,8 +200,7 @@ class TransformerDecoderLayer(_Layer):
 
         def attend_self(h):
             with scope(scopes.SELF_ATTENTION):
-                out, cache.keys, cache.values = self.self_attn.step(h, cache.keys, cache.values, position,
-                                                                    cache.slots)
+                out, cache.keys, cache.values = self.self_attn.step(h, cache.keys, cache.values, position)
                 return out
 
         def attend_memory(h):
@@ -226,8 +225,9 @@ class DecoderCache:
     memory_keys, memory_values: the cross-attention's, of the memory, (B, H, S, D).
     query_weight, query_bias: the cross-attention's query projection (E, E), (E,) or None,
         sliced once per decode.
-    slots: (L,) int64 0 .. L - 1 for a preallocated cache (the mask of the written positions
-        is computed from it and the position, with kernels), or None.
+    slots: (L,) int64 0 .. L - 1 for a preallocated cache, or None: it marks the cache as
+        preallocated (the step then needs the position); the attention reads the keys up to
+        the position (``sdpa_prefix``), so no kernel reads ``slots`` itself.
     """
 
     keys: Tensor
