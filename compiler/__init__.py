@@ -245,6 +245,11 @@ def get_backend(name: str) -> Backend:
         raise ValueError(f"unknown device {name!r}; known devices: {known}") from None
 
 
+def loaded_backends() -> list[Backend]:
+    """The backends loaded now ("cuda" once something used it)."""
+    return list(_BACKENDS.values())
+
+
 def available_devices() -> list[str]:
     """The devices that can run here: "cuda" only with a GPU or Numba's simulator."""
     devices = list(_BACKENDS)

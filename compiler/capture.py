@@ -260,9 +260,9 @@ class Recorder:
 @contextlib.contextmanager
 def recording_all(recorder: Recorder):
     """Record on every device loaded now (the engine's ops may use any of them)."""
-    from . import _BACKENDS
+    from . import loaded_backends
 
     with contextlib.ExitStack() as stack:
-        for backend in list(_BACKENDS.values()):
+        for backend in loaded_backends():
             stack.enter_context(backend.recording(recorder))
         yield recorder

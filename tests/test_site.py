@@ -29,11 +29,6 @@ KNOWN_DOCSTRING_WARNINGS = {
     ("tinygrad_attn/functional.py", "Parameter 'b_ih, b_hh' does not appear in the function signature"),
     ("tinygrad_attn/models/seq2seq.py",
      "Parameter 'src_vocab, tgt_vocab' does not appear in the function signature"),
-    ("tinygrad_attn/models/transformer.py",
-     "Parameter 'src_vocab, tgt_vocab' does not appear in the function signature"),
-    ("tinygrad_attn/models/transformer.py",
-     "Failed to get 'name: description' pair from 'd_model, nhead, num_encoder_layers, "
-     "num_decoder_layers, dim_feedforward, dropout,'"),
     ("tinygrad_attn/nn/rnn.py",
      "Parameter 'input_size, hidden_size' does not appear in the function signature"),
 }

@@ -54,7 +54,9 @@ class _State(threading.local):
         self.capture = None
 
 
-_state = _State()
+# The engine's state on this thread: grad mode, scopes, anomaly mode and the ta.compile capture
+# (which tensor.py, nn/module.py and compiled.py consult).
+state = _State()
 
 
 class no_grad(contextlib.ContextDecorator):
@@ -66,12 +68,12 @@ class no_grad(contextlib.ContextDecorator):
     """
 
     def __enter__(self):
-        self._prev = _state.grad_enabled
-        _state.grad_enabled = False
+        self._prev = state.grad_enabled
+        state.grad_enabled = False
         return self
 
     def __exit__(self, *exc):
-        _state.grad_enabled = self._prev
+        state.grad_enabled = self._prev
         return False
 
 
@@ -79,18 +81,18 @@ class enable_grad(contextlib.ContextDecorator):
     """Turn graph recording back on inside a ``no_grad`` block."""
 
     def __enter__(self):
-        self._prev = _state.grad_enabled
-        _state.grad_enabled = True
+        self._prev = state.grad_enabled
+        state.grad_enabled = True
         return self
 
     def __exit__(self, *exc):
-        _state.grad_enabled = self._prev
+        state.grad_enabled = self._prev
         return False
 
 
 def is_grad_enabled() -> bool:
     """Whether ops record graph nodes now (False inside ``no_grad``), as ``torch.is_grad_enabled``."""
-    return _state.grad_enabled
+    return state.grad_enabled
 
 
 class scope(contextlib.ContextDecorator):
@@ -113,17 +115,17 @@ class scope(contextlib.ContextDecorator):
         self.name = name
 
     def __enter__(self):
-        outer = _state.scope_paths[-1]
-        _state.scope_paths.append(f"{outer}/{self.name}" if outer else self.name)
+        outer = state.scope_paths[-1]
+        state.scope_paths.append(f"{outer}/{self.name}" if outer else self.name)
         return None
 
     def __exit__(self, *exc):
-        _state.scope_paths.pop()
+        state.scope_paths.pop()
         return False
 
 
 def current_scope() -> str:
-    return _state.scope_paths[-1]
+    return state.scope_paths[-1]
 
 
 @contextlib.contextmanager
@@ -132,7 +134,7 @@ def outside_capture():
     ``ta.compile``'s capture its kernel calls are not recorded, so a plan binds what they
     made by identity (read as it is at each replay) instead of making it afresh each time.
     Outside a capture this does nothing."""
-    capture = _state.capture
+    capture = state.capture
     if capture is None:
         yield
         return
@@ -152,12 +154,12 @@ class detect_anomaly(contextlib.ContextDecorator):
     """
 
     def __enter__(self):
-        self._prev = _state.anomaly
-        _state.anomaly = True
+        self._prev = state.anomaly
+        state.anomaly = True
         return self
 
     def __exit__(self, *exc):
-        _state.anomaly = self._prev
+        state.anomaly = self._prev
         return False
 
 
@@ -261,10 +263,10 @@ class Op:
                 raise DeviceError(f"{cls.name}: inputs are on different devices ({devices}); "
                                   f"move them with .to(device) first")
         op = cls(backend, **attrs)
-        record = _state.grad_enabled and True in needs_grad
+        record = state.grad_enabled and True in needs_grad
         if record:
             op.needs_grad = needs_grad
-        capture = _state.capture
+        capture = state.capture
         if capture is not None:
             capture.enter_op(op, inputs)
         data = op.forward(*[t._data for t in inputs])
@@ -274,7 +276,7 @@ class Op:
         if getattr(data, "base", None) is not None:
             _share_version(out, inputs)
         if record:
-            where = _user_frame() if _state.anomaly else None
+            where = _user_frame() if state.anomaly else None
             out.node = Node(op, inputs, current_scope(), where, out._version.count)
         return out
 
@@ -539,7 +541,7 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
         grad_data = root.backend.full(root.shape, 1.0, root.dtype)
     else:
         # While capturing, .data would refuse: read the array itself (nothing is handed out).
-        given = grad._data if _state.capture is not None and isinstance(grad, _output_type) else \
+        given = grad._data if state.capture is not None and isinstance(grad, _output_type) else \
             getattr(grad, "data", grad)
         grad_data = root.backend.asarray(given, root.dtype)
         if tuple(grad_data.shape) != root.shape:
@@ -551,8 +553,8 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
     # gradients are added into it in place.  A buffer an op returned may be shared (Add
     # hands the same dy to both inputs), so the first sum always makes a new one.
     owned: set[int] = set()
-    anomaly = _state.anomaly
-    capture = _state.capture
+    anomaly = state.anomaly
+    capture = state.capture
     finished: list[tuple[Any, Any]] = []          # (tensor, its gradient), written at the end
     for t in toposort(root):
         g = grads.pop(id(t), None)

@@ -82,7 +82,7 @@ class _Leaf:
 
 
 class _Capture:
-    """The engine's side of one capture: ``autograd._state.capture`` while ``fn`` runs."""
+    """The engine's side of one capture: ``autograd.state.capture`` while ``fn`` runs."""
 
     def __init__(self, recorder: Recorder, arguments: list[Tensor]):
         self.recorder = recorder
@@ -405,7 +405,7 @@ class Compiled:
                 key.append(None)
             else:
                 return None
-        key.append(autograd._state.grad_enabled)
+        key.append(autograd.state.grad_enabled)
         key.append(tensor.default_float)
         return tuple(key)
 
@@ -450,7 +450,7 @@ class Compiled:
         return bound.args, bound.kwargs, tensors, names, tuple(key)
 
     def __call__(self, *args, **kwargs):
-        if not self.enabled or autograd._state.capture is not None:
+        if not self.enabled or autograd.state.capture is not None:
             # Inside another capture this function's kernels are that plan's.
             if not self.enabled:
                 self.stats.eager_calls += 1
@@ -517,12 +517,12 @@ class Compiled:
                 inputs.append((_identifier(name), recorder.input(t._data)))
             generator = _random.generator()
             with recording_all(recorder):
-                autograd._state.capture = capture
+                autograd.state.capture = capture
                 try:
                     result = self.fn(*call_args, **call_kwargs)
                     spec, outputs = _output_spec(capture, result)
                 finally:
-                    autograd._state.capture = None
+                    autograd.state.capture = None
             plan = self._build(capture, key, inputs, spec, outputs, tensors, generator)
         self._plans.setdefault(key, []).append(plan)
         self.stats.plans += 1

@@ -155,29 +155,29 @@ class Tensor:
         computing gradients from the new values.  So change values after backward (as an
         optimizer step does), and read them with ``.numpy()``, which is free of this rule.
         """
-        if autograd._state.capture is not None:
-            autograd._state.capture.refuse(".data handed out")
+        if autograd.state.capture is not None:
+            autograd.state.capture.refuse(".data handed out")
         self._version.count += 1
         return self._data
 
     @data.setter
     def data(self, array) -> None:
-        if autograd._state.capture is not None:
-            autograd._state.capture.refuse(".data assigned")
+        if autograd.state.capture is not None:
+            autograd.state.capture.refuse(".data assigned")
         self._version.count += 1
         self._data = array
 
     @property
     def grad(self) -> Tensor | None:
         """The gradient ``backward()`` accumulated into this leaf (None until then)."""
-        if autograd._state.capture is not None:
-            autograd._state.capture.grad_read(self)
+        if autograd.state.capture is not None:
+            autograd.state.capture.grad_read(self)
         return self._grad
 
     @grad.setter
     def grad(self, value: Tensor | None) -> None:
-        if autograd._state.capture is not None:
-            autograd._state.capture.grad_set(self)
+        if autograd.state.capture is not None:
+            autograd.state.capture.grad_set(self)
         self._grad = value
 
     @property
@@ -334,8 +334,8 @@ class Tensor:
         return self
 
     def _accumulate_grad(self, g) -> None:
-        if autograd._state.capture is not None:
-            autograd._state.capture.grad_read(self)
+        if autograd.state.capture is not None:
+            autograd.state.capture.grad_read(self)
         if self._grad is None:
             # Copy: one gradient array may be shared by several inputs (e.g. both sides of a+b).
             self._grad = Tensor._make(self.backend.copy(g), self.backend, False)

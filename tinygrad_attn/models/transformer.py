@@ -29,7 +29,7 @@ from . import decoding
 from .seq2seq import PAD, START, _batch_ids, _ids, _size
 from .twin import TorchTwin
 
-__all__ = ["Transformer", "sinusoids"]
+__all__ = ["sinusoids"]
 
 POSITIONS = ("sinusoidal", "learned")
 
@@ -49,12 +49,18 @@ class Transformer(TorchTwin, nn.Module):
     """Embeddings with positions, ``nn.Transformer`` and an output layer.
 
     Args:
-        src_vocab, tgt_vocab: vocabulary sizes (ints or ``ta.data.Vocab``).
-        d_model, nhead, num_encoder_layers, num_decoder_layers, dim_feedforward, dropout,
-            activation, norm_first: as ``nn.Transformer``.
-            Either stack may have 0 layers (its final LayerNorm alone); with no decoder layer
-            the output does not read the source, and the model has no attention to report
-            (``attention_kind`` None, decoding's attention None).
+        src_vocab: the source vocabulary's size (an int or a ``ta.data.Vocab``).
+        tgt_vocab: the target vocabulary's size (an int or a ``ta.data.Vocab``).
+        d_model: as ``nn.Transformer``.
+        nhead: as ``nn.Transformer``.
+        num_encoder_layers: as ``nn.Transformer``; 0 leaves the encoder's final LayerNorm alone.
+        num_decoder_layers: as ``nn.Transformer``; with 0 the output does not read the source,
+            and the model has no attention to report (``attention_kind`` None, decoding's
+            attention None).
+        dim_feedforward: as ``nn.Transformer``.
+        dropout: as ``nn.Transformer``.
+        activation: as ``nn.Transformer``.
+        norm_first: as ``nn.Transformer``.
         positions: "sinusoidal" (fixed) or "learned" (an embedding per position).
         max_len: the longest sequence the position table covers: a source of at most
             ``max_len`` tokens (``max_src_len``), a target of at most ``max_len`` positions

@@ -18,17 +18,6 @@ from . import init
 from .linear import Linear
 from .module import Module, Parameter
 
-__all__ = [
-    "DotAttention",
-    "GeneralAttention",
-    "ConcatAttention",
-    "AdditiveAttention",
-    "ScaledDotProductAttention",
-    "MultiHeadAttention",
-    "GraphAttention",
-    "LuongAttentionVector",
-]
-
 
 class DotAttention(Module):
     """score(s, h_j) = s . h_j; nothing to learn.  See ``ta.attention.dot``.

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..autograd import ShapeError
-from ..autograd import _state as _autograd_state
+from ..autograd import state as autograd_state
 from ..tensor import Tensor
 
 
@@ -79,7 +79,7 @@ class Module:
         if forward is None:
             raise TypeError(f"{type(self).__name__} is a container without forward(); call its "
                             f"sub-modules, or define forward() to make it callable")
-        capture = _autograd_state.capture
+        capture = autograd_state.capture
         if capture is not None:
             # A compiled plan replays what this forward did in this train/eval mode only.
             capture.module_called(self)

@@ -31,9 +31,6 @@ from .layers import Dropout, LayerNorm
 from .linear import Linear
 from .module import Module, ModuleList
 
-__all__ = ["TransformerEncoderLayer", "TransformerDecoderLayer", "TransformerEncoder",
-           "TransformerDecoder", "Transformer", "DecoderCache"]
-
 _ACTIVATIONS = ("relu", "gelu")
 
 
