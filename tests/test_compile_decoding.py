@@ -149,6 +149,9 @@ def test_layer_step_on_a_preallocated_cache_equals_forward_on_the_prefix_and_the
         assert not static.keys.numpy()[:, :, 6:].any()
     with pytest.raises(ValueError, match="position"):
         layer.step(x[:, :1], static, mask)
+    # Outside no_grad the preallocated step would silently give the weights no gradient: refused.
+    with pytest.raises(RuntimeError, match="MultiHeadAttention.step: a preallocated cache .* keeps no graph"):
+        layer.step(x[:, :1], static, mask, ta.Tensor(np.array(0, dtype=np.int64)))
 
 
 # ---------------------------------------------------------------- eager against the uncached decoder

@@ -22,7 +22,7 @@ from .. import functional as F
 from .. import nn, scopes
 from ..arguments import check_flag, check_int
 from ..attention import record as attention_record
-from ..autograd import ShapeError, scope
+from ..autograd import ShapeError, no_grad, scope
 from ..nn.transformer import DecoderCache, check_layer_arguments
 from ..tensor import Tensor
 from . import decoding
@@ -344,7 +344,8 @@ class Transformer(TorchTwin, nn.Module):
             position = Tensor(np.array(t, dtype=np.int64), device=device)
             if state.capacity is not None and state.capacity > count:      # the padding rows' token
                 tokens = np.concatenate([tokens, np.full(state.capacity - count, PAD, dtype=np.int64)])
-            with scope(scopes.DECODER):
+            # The preallocated caches keep no graph; what comes back is arrays: no graph to keep.
+            with scope(scopes.DECODER), no_grad():
                 ids = Tensor(tokens[:, None], device=device)
                 logits, weights = state.step(ids, position, state.step_mask, *flat)
         else:

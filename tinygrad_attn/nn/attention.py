@@ -11,7 +11,7 @@ import math
 from .. import attention
 from .. import functional as F
 from ..arguments import check_int, check_number
-from ..autograd import ShapeError
+from ..autograd import ShapeError, is_grad_enabled
 from ..ops.attention import ScaledDotProduct
 from ..tensor import Tensor, cat
 from . import init
@@ -291,6 +291,10 @@ def _heads(x: Tensor, W: Tensor, b: Tensor | None, num_heads: int) -> Tensor:
 def _attend_prefix(q: Tensor, keys: Tensor, values: Tensor, position: Tensor) -> Tensor:
     """One query per head (B, H, 1, D) over the cache's keys and values (B, H, L, D) at
     positions 0 .. position, by the device's ``sdpa_prefix`` kernel (no graph: decoding)."""
+    if is_grad_enabled() and (q.requires_grad or keys.requires_grad or values.requires_grad):
+        raise RuntimeError("MultiHeadAttention.step: a preallocated cache (position given) keeps no "
+                           "graph, so no gradient would reach the weights; decode under ta.no_grad(), "
+                           "or pass position=None to train through the step")
     (batch, heads, _, depth), length = q.shape, keys.shape[2]
     backend = q.backend
     out = backend.sdpa_prefix(backend.reshape(q._data, (batch * heads, 1, depth)),
