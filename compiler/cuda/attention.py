@@ -404,7 +404,13 @@ def _sdpa_prefix_kernel(nb_type, dtype):
         row's scores (a decoding step's rows are few and short).  The position is read
         here, on the device, and clamped to the keys there are."""
         t_q, d, d_v = q.shape[1], q.shape[2], v.shape[2]
-        count = min(max(position[0] + 1, 1), k.shape[1])
+        # Comparisons, not min/max: the builtins fail to compile for the GPU here (the
+        # simulator runs them; tests/cuda_ptx.py found it).
+        count = position[0] + 1
+        if count < 1:
+            count = 1
+        if count > k.shape[1]:
+            count = k.shape[1]
         for flat in range(cuda.grid(1), o.shape[0] * t_q * d_v, cuda.gridsize(1)):
             n = flat // (t_q * d_v)
             i = (flat // d_v) % t_q
@@ -414,7 +420,8 @@ def _sdpa_prefix_kernel(nb_type, dtype):
                 s = zero
                 for dd in range(d):
                     s += q[n, i, dd] * k[n, j, dd]
-                m = max(m, s * scale)
+                if s * scale > m:
+                    m = s * scale
             total, acc = zero, zero
             for j in range(count):
                 s = zero
