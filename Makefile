@@ -22,7 +22,8 @@ test: setup dot browser lint
 # tests skip unless there is a GPU.
 CUDA_TESTS := tests/test_cuda.py tests/test_cuda_ptx.py tests/test_conformance.py tests/test_backends.py tests/test_optim.py \
 	tests/test_formulas.py tests/test_optim_kernels.py tests/test_host_free_ops.py tests/test_fuse.py tests/test_compile_cuda.py \
-	tests/test_compile.py tests/test_compile_decoding.py tests/test_compile_seq2seq_decoding.py
+	tests/test_compile.py tests/test_compile_decoding.py tests/test_compile_seq2seq_decoding.py \
+	tests/test_rnn_gates.py
 
 test-cuda: setup
 	NUMBA_ENABLE_CUDASIM=1 $(PY) -m pytest -k cuda $(CUDA_TESTS)

@@ -366,7 +366,7 @@ def test_a_reader_that_leaves_early_ends_translate_quietly(run):
 
 
 def test_train_compile_runs_and_resumes_within_a_short_position_table(tmp_path, capsys):
-    """--compile pads batch lengths to multiples of 8, but never past the model's position
+    """--compile pads batch lengths (pad_to "auto"), but never past the model's position
     table: a Transformer whose table just fits the data trains, and resumes, compiled."""
     data = tmp_path / "words.tsv"
     write_pairs(data, 100, seed=7)

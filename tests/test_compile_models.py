@@ -181,25 +181,35 @@ def test_rnn_tensor_mask_masks_every_step_host_mask_skips_unpadded():
     gru = nn.GRU(3, 4)
     x = ta.Tensor(np.random.default_rng(0).standard_normal((2, 5, 3)))
     mask = np.array([[True] * 5, [True, True, True, False, False]])
-    host = gru._mask_columns(mask, (2,), 5)
-    device = gru._mask_columns(ta.Tensor(mask), (2,), 5)
+    host = gru._mask_columns(mask, (2,), 5, x.dtype)
+    device = gru._mask_columns(ta.Tensor(mask), (2,), 5, x.dtype)
     assert [c is None for c in host] == [True, True, True, False, False]
-    assert all(isinstance(c, ta.Tensor) and c.shape == (2, 1) for c in device)
-    np.testing.assert_array_equal(np.stack([c.numpy() for c in device]), mask.T[:, :, None])
+    for t in (3, 4):                 # the boolean column selects the state, the 0/1 one masks the output
+        np.testing.assert_array_equal(host[t][0], mask[:, t, None])
+        np.testing.assert_array_equal(host[t][1], mask[:, t, None].astype(x.dtype))
+    for keep, ones in device:
+        assert isinstance(keep, ta.Tensor) and keep.shape == (2, 1) and keep.dtype == np.bool_
+        assert isinstance(ones, ta.Tensor) and ones.shape == (2, 1) and ones.dtype == x.dtype
+    np.testing.assert_array_equal(np.stack([c.numpy() for c, _ in device]), mask.T[:, :, None])
+    ones = mask.T[:, :, None].astype(x.dtype)
+    np.testing.assert_array_equal(np.stack([c.numpy() for _, c in device]), ones)
     out_host, h_host = gru(x, mask=mask)
     out_device, h_device = gru(x, mask=ta.Tensor(mask))
     np.testing.assert_array_equal(out_device.numpy(), out_host.numpy())
     np.testing.assert_array_equal(h_device.numpy(), h_host.numpy())
 
 
-def test_compile_seq2seq_unpadded_batches_equal_eager_on_tensor_ids():
+@pytest.mark.parametrize("cell", ["gru", "lstm"])
+def test_compile_seq2seq_unpadded_batches_equal_eager_on_tensor_ids(cell):
     """A batch without padding is where the host path skips the masking of the encoder's last
-    step, so its final state is the cell's output itself, not a ``where`` of it; when that
-    state has two readers besides the encoder's output (a Bahdanau decoder's first query and
-    cell), backward adds their three gradients in another order.  The compiled step (one graph
-    for every batch) then equals eager training given the same ids as Tensors bitwise, and
-    eager training on host ids to rounding."""
-    make, batches = _seq2seq("gru", "general", "bahdanau"), _batches(0, unpadded_every=5)
+    step.  An LSTM's masked state is a ``where`` of the cell's output, whose final state has
+    two readers besides the encoder's output (a Bahdanau decoder's first query and cell):
+    backward adds their three gradients in another order than on the host path, so the
+    compiled step (one graph for every batch) equals eager training given the same ids as
+    Tensors bitwise, and eager training on host ids to rounding.  A GRU keeps its state
+    inside its fused node (``GRUCell(masked=True)``), the state's readers are the same on
+    both paths, and the compiled step equals eager training on host ids bitwise too."""
+    make, batches = _seq2seq(cell, "general", "bahdanau"), _batches(0, unpadded_every=5)
     compiled_model = _assert_compiled_equals_eager(make, np.float64, batches=batches, eager_ids=ta.Tensor)
     host_model = _twins(make, np.float64)[1]
     host_opt, host_schedule = _trainer(host_model)
@@ -210,4 +220,5 @@ def test_compile_seq2seq_unpadded_batches_equal_eager_on_tensor_ids():
     for p, q in zip(compiled_model.parameters(), host_model.parameters(), strict=True):
         np.testing.assert_allclose(p.numpy(), q.numpy(), rtol=1e-12, atol=1e-14)
         differ += not np.array_equal(p.numpy(), q.numpy())
-    assert differ            # the order does change bits here: else this test guards nothing
+    # The order does change bits for the LSTM (else this test would guard nothing there).
+    assert bool(differ) == (cell == "lstm")

@@ -199,7 +199,9 @@ def rnn_gates(rng, dtype, shape):
     _, gru_saved = REFERENCE.gru_gates(gi, gh, h_prev)
     c, state_saved = REFERENCE.lstm_cell_state(gates, c_prev)
     _, hidden_saved = REFERENCE.lstm_hidden(gates, c)
+    keep = rng.random((b, 1)) < 0.5                  # a masked step: padded rows keep their state
     return [("gru_gates", (gi, gh, h_prev)), ("gru_gates_back", (gru_saved, gh, h_prev, dh)),
+            ("gru_gates", (gi, gh, h_prev, keep)), ("gru_gates_back", (gru_saved, gh, h_prev, dh, keep)),
             ("lstm_cell_state", (gates, c_prev)), ("lstm_cell_state_back", (state_saved, c_prev, dh)),
             ("lstm_hidden", (gates, c)), ("lstm_hidden_back", (hidden_saved, dh))]
 

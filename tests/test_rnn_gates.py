@@ -251,13 +251,61 @@ def test_cpu_kernels_match_the_reference_on_both_drivers(monkeypatch, parallel, 
     _, gru_saved = reference.gru_gates(gi, gh, h_prev)
     c, state_saved = reference.lstm_cell_state(gates, c_prev)
     _, hidden_saved = reference.lstm_hidden(gates, c)
+    keep = rng.random((rows, 1)) < 0.5                              # padded rows keep their state
+    keep[:2] = [[True], [False]]
     calls = [("gru_gates", (gi, gh, h_prev)), ("gru_gates_back", (gru_saved, gh, h_prev, dh)),
+             ("gru_gates", (gi, gh, h_prev, keep)), ("gru_gates_back", (gru_saved, gh, h_prev, dh, keep)),
              ("lstm_cell_state", (gates, c_prev)), ("lstm_cell_state_back", (state_saved, c_prev, dh)),
              ("lstm_hidden", (gates, c)), ("lstm_hidden_back", (hidden_saved, dh))]
+    # The masked reference against its definition: where(keep, cell, h_prev), and backward
+    # routes dh to h_prev (not the gates) at the padded rows.
+    h_masked, _ = reference.gru_gates(gi, gh, h_prev, keep)
+    np.testing.assert_array_equal(h_masked, np.where(keep, reference.gru_gates(gi, gh, h_prev)[0], h_prev))
+    masked_back = reference.gru_gates_back(gru_saved, gh, h_prev, dh, keep)
+    for got, want in zip(masked_back, reference.gru_gates_back(gru_saved, gh, h_prev, np.where(keep, dh, 0)),
+                         strict=True):
+        np.testing.assert_array_equal(got[keep[:, 0]], want[keep[:, 0]])
+    assert not masked_back[0][~keep[:, 0]].any() and not masked_back[1][~keep[:, 0]].any()
+    np.testing.assert_array_equal(masked_back[2][~keep[:, 0]], dh[~keep[:, 0]])
     for name, args in calls:
         for got, want in zip(cpu_rnn.KERNELS[name](*args), getattr(reference, name)(*args), strict=True):
             assert got.dtype == want.dtype and got.shape == want.shape, name
             np.testing.assert_allclose(got, want, **tol, err_msg=name)
+
+
+def _masked_gru_grads(device, dtype, fused):
+    """A GRU step on ``device`` with padded rows, masked in the fused node (``fused``) or by
+    a ``where`` after it; the output and every input's gradient."""
+    rng = np.random.default_rng(4)
+    x, h = rng.normal(size=(5, 3)), rng.normal(size=(5, 4))
+    weights = rng.normal(size=(12, 3)), rng.normal(size=(12, 4)), rng.normal(size=12), rng.normal(size=12)
+    leaves = [Tensor(a, dtype=dtype, device=device, requires_grad=True) for a in (x, h, *weights)]
+    keep = Tensor(np.array([[True], [False], [True], [False], [True]]), device=device)
+    if fused:
+        out = F.gru_step(leaves[0], *leaves[1:], keep=keep)
+        assert out.node.op_name == "GRUCell" and out.node.attrs["masked"]
+    else:
+        out = ta.where(keep, F.gru_step(leaves[0], *leaves[1:]), leaves[1])
+    out.backward(Tensor(rng.normal(size=(5, 4)), dtype=dtype, device=device))
+    return [out.numpy()] + [leaf.grad.numpy() for leaf in leaves]
+
+
+@pytest.mark.parametrize("device", ["numpy", "cpu"])
+def test_masked_gru_step_is_the_where_of_the_step_bit_for_bit(device):
+    """GRUCell(masked=True) gives where(keep, cell, h_prev) and its gradients exactly (float64):
+    padded rows keep h_prev, pass dh on to it and give the gates nothing."""
+    fused = _masked_gru_grads(device, np.float64, True)
+    for got, want in zip(fused, _masked_gru_grads(device, np.float64, False), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.skipif("cuda" not in available_devices(), reason="no CUDA (NUMBA_ENABLE_CUDASIM=1 simulates)")
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
+def test_masked_gru_step_on_cuda_matches_the_reference(dtype):
+    tol = {"rtol": 2e-5, "atol": 1e-6} if dtype == np.float32 else {"rtol": 1e-10, "atol": 1e-12}
+    for got, want in zip(_masked_gru_grads("cuda", dtype, True), _masked_gru_grads("numpy", dtype, True),
+                         strict=True):
+        np.testing.assert_allclose(got, want, **tol)
 
 
 def test_cpu_float32_tanh_keeps_its_relative_accuracy_near_zero_and_saturates():

@@ -2,6 +2,7 @@
 a run bit for bit."""
 
 import json
+import logging
 import math
 import os
 import signal
@@ -425,20 +426,62 @@ def _trained(task, make, **options):
     return model, [record["loss"] for record in history]
 
 
+@pytest.mark.parametrize("pad_to", [8, "auto"])
 @pytest.mark.parametrize("make", [
     lambda task: small_model(task, dropout=0.2),
     lambda task: ta.models.Transformer(len(task.src_vocab), len(task.tgt_vocab), d_model=16, nhead=2,
                                        num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32,
                                        dropout=0.2)], ids=["seq2seq", "transformer"])
-def test_train_compiled_equals_eager_on_the_same_padded_batches(make):
+def test_train_compiled_equals_eager_on_the_same_padded_batches(make, pad_to):
     """train(compile=True) replays each step's plan: losses and weights bit for bit those of an
-    eager run on the same batches (padded to multiples of 8, the compiled default), dropout's
-    random stream included."""
+    eager run on the same batches (padded to multiples of 8, or by "auto", the compiled
+    default), dropout's random stream included."""
     task = small_task()
-    compiled, compiled_losses = _trained(task, make, compile=True)
-    eager, eager_losses = _trained(task, make, pad_to=8)
+    compiled, compiled_losses = _trained(task, make, compile=True, **({"pad_to": 8} if pad_to == 8 else {}))
+    eager, eager_losses = _trained(task, make, pad_to=pad_to)
     assert compiled_losses == eager_losses
     assert_same_weights(compiled.state_dict(), weights(eager))
+
+
+def test_train_compiled_captures_each_shape_once(caplog):
+    """The gradients exist before the first compiled step, as at every later one: the first
+    step's capture serves the run (one shape here: every pair has the same lengths), not a
+    second capture at step 2; the weights still equal eager training's bit for bit."""
+    task = small_task()
+    with caplog.at_level(logging.INFO, logger="tinygrad_attn.compile"):
+        compiled, compiled_losses = _trained(task, lambda task: small_model(task, dropout=0.0), compile=True)
+    assert [r.getMessage().split(": ")[1].split(" (")[0] for r in caplog.records] == ["captured plan 1"]
+    eager, eager_losses = _trained(task, lambda task: small_model(task, dropout=0.0), pad_to="auto")
+    assert compiled_losses == eager_losses
+    assert_same_weights(compiled.state_dict(), weights(eager))
+
+
+def test_auto_padding_reuses_longer_shapes_until_their_padding_costs_a_capture():
+    """"auto" pads to the least padding shape already met when each length grows by at most a
+    quarter (at least 2); a batch further from every shape met, but shorter than one, pads
+    to it, charging its extra columns (over its own) to its own rung shape until they add up
+    to a capture's cost; a batch longer than every shape makes a new shape of rungs at most an
+    eighth apart."""
+    from tinygrad_attn.models.training import CAPTURE_STEPS, _Padding
+
+    def shapes(padding, lengths):
+        out = []
+        for s, t in lengths:
+            src, tgt_in, tgt_out = padding(np.full((2, s), 5), np.full((2, t), 6), np.full((2, t), 7))
+            assert tgt_in.shape == tgt_out.shape
+            assert (src[:, s:] == ta.data.PAD).all() and (src[:, :s] == 5).all()
+            assert (tgt_in[:, t:] == ta.data.PAD).all() and (tgt_out[:, :t] == 7).all()
+            out.append((src.shape[1], tgt_in.shape[1]))
+        return out
+
+    dates = [(27, 11), (25, 11), (22, 11), (28, 11), (24, 11), (23, 11), (21, 11), (29, 11), (3, 2)]
+    assert shapes(_Padding("auto", (None, None)), dates) == [(28, 11)] * 7 + [(30, 11), (28, 11)]
+    # (8, 2) padded to (28, 11) is 29 extra columns over 10: 2.9 steps charged each time.
+    assert CAPTURE_STEPS == 8.0
+    assert shapes(_Padding("auto", (None, None)), [(27, 11)] + [(8, 2)] * 4) == [(28, 11)] * 3 + [(8, 2)] * 2
+    # Never past a position table's length; ints pad to their multiples.
+    assert shapes(_Padding("auto", (27, 12)), [(25, 11), (27, 11)]) == [(26, 11), (27, 11)]
+    assert shapes(_Padding(8, (None, 12)), [(27, 11), (8, 1)]) == [(32, 12), (8, 8)]
 
 
 def test_train_compiled_stops_at_a_non_finite_loss_before_updating():
@@ -462,7 +505,8 @@ def test_train_compiled_stops_at_a_non_finite_loss_before_updating():
 
 
 @pytest.mark.parametrize(("options", "message"), [({"compile": 1}, "compile must be True or False"),
-                                                  ({"pad_to": 0}, "pad_to must be >= 1")])
+                                                  ({"pad_to": 0}, "pad_to must be >= 1"),
+                                                  ({"pad_to": "8"}, "pad_to must be an int >= 1 or 'auto'")])
 def test_train_compile_arguments_are_checked(options, message):
     task = small_task()
     with pytest.raises((TypeError, ValueError), match=message):

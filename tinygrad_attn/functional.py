@@ -27,7 +27,7 @@ from .ops import (
     LSTMHidden,
     NLLLoss,
 )
-from .tensor import Tensor, cat
+from .tensor import Tensor, cat, where
 
 __all__ = ["linear", "gelu", "layer_norm", "cross_entropy", "nll_loss", "mse_loss", "dropout", "embedding",
            "gru_cell", "lstm_cell"]
@@ -286,21 +286,26 @@ def gru_cell(x: Tensor, h: Tensor | None, w_ih: Tensor, w_hh: Tensor, b_ih: Tens
 
 
 def gru_step(x: Tensor | tuple[Tensor, ...], h: Tensor, w_ih: Tensor, w_hh: Tensor,
-             b_ih: Tensor | None, b_hh: Tensor | None) -> Tensor:
+             b_ih: Tensor | None, b_hh: Tensor | None, keep=None) -> Tensor:
     """``gru_cell`` without its argument checks, for layers that check once per sequence.
 
     ``x`` may be a tuple of tensors that joined along the last axis make the input (a
-    Bahdanau decoder's [y; c]): the fused node reads them as they are, with no Cat node."""
+    Bahdanau decoder's [y; c]): the fused node reads them as they are, with no Cat node.
+    ``keep``: optional boolean (..., 1), False where a row's step is padding: there the
+    result is ``h`` itself (``where(keep, h', h)``, done inside the fused node)."""
     parts = x if isinstance(x, tuple) else (x,)
     if (b_ih is None) != (b_hh is None):             # the fused node takes both biases or neither
         joined = parts[0] if len(parts) == 1 else cat(parts, axis=-1)
         gi = _affine(joined, w_ih, b_ih)                             # (..., 3H)
         gh = _affine(h, w_hh, b_hh)                                  # (..., 3H)
-        return GRUGates.apply(gi, gh, h)
+        h_next = GRUGates.apply(gi, gh, h)
+        return h_next if keep is None else where(keep, h_next, h)
     biases = () if b_ih is None else (b_ih, b_hh)
-    if len(parts) == 1:
-        return GRUCell.apply(parts[0], h, w_ih, w_hh, *biases)
-    return GRUCell.apply(*parts, h, w_ih, w_hh, *biases, parts=len(parts))
+    masked = () if keep is None else (keep,)
+    attrs = {} if keep is None else {"masked": True}
+    if len(parts) > 1:
+        attrs["parts"] = len(parts)
+    return GRUCell.apply(*parts, h, w_ih, w_hh, *biases, *masked, **attrs)
 
 
 def lstm_cell(x: Tensor, hx: tuple[Tensor, Tensor] | None, w_ih: Tensor, w_hh: Tensor,

@@ -105,6 +105,49 @@ def _gru_gates_back_parallel(gates, gh, h_prev, dh, dgi, dgh, dh_prev):
         _gru_gates_back_row(gates[b], gh[b], h_prev[b], dh[b], dgi[b], dgh[b], dh_prev[b])
 
 
+# A padded row (keep False, a right-padded sequence past its end) keeps its state: h is
+# h_prev, and backward passes dh to h_prev and nothing to the gates.  In the kernel, not as a
+# where() after it: that was one more pass forward and two backward, at every padded step.
+
+
+@njit(**_JIT)
+def _gru_gates_masked_serial(gi, gh, h_prev, keep, h, gates):
+    for b in range(gi.shape[0]):
+        _gru_gates_row(gi[b], gh[b], h_prev[b], h[b], gates[b])
+        if not keep[b]:
+            h[b, :] = h_prev[b]
+
+
+@njit(parallel=True, **_JIT)
+def _gru_gates_masked_parallel(gi, gh, h_prev, keep, h, gates):
+    for b in prange(gi.shape[0]):
+        _gru_gates_row(gi[b], gh[b], h_prev[b], h[b], gates[b])
+        if not keep[b]:
+            h[b, :] = h_prev[b]
+
+
+@njit(**_JIT)
+def _gru_gates_back_masked_serial(gates, gh, h_prev, dh, keep, dgi, dgh, dh_prev):
+    for b in range(dh.shape[0]):
+        if keep[b]:
+            _gru_gates_back_row(gates[b], gh[b], h_prev[b], dh[b], dgi[b], dgh[b], dh_prev[b])
+        else:
+            dgi[b, :] = 0
+            dgh[b, :] = 0
+            dh_prev[b, :] = dh[b]
+
+
+@njit(parallel=True, **_JIT)
+def _gru_gates_back_masked_parallel(gates, gh, h_prev, dh, keep, dgi, dgh, dh_prev):
+    for b in prange(dh.shape[0]):
+        if keep[b]:
+            _gru_gates_back_row(gates[b], gh[b], h_prev[b], dh[b], dgi[b], dgh[b], dh_prev[b])
+        else:
+            dgi[b, :] = 0
+            dgh[b, :] = 0
+            dh_prev[b, :] = dh[b]
+
+
 # ---------------------------------------------------------------- LSTM rows
 
 
@@ -231,22 +274,35 @@ def _c(x):
     return np.ascontiguousarray(x)
 
 
-def gru_gates(gi, gh, h_prev):
+def gru_gates(gi, gh, h_prev, keep=None):
     gi, gh, h_prev = _c(gi), _c(gh), _c(h_prev)
     h = np.empty(h_prev.shape, dtype=gi.dtype)
     gates = np.empty(gi.shape, dtype=gi.dtype)
-    _driver(h, _gru_gates_serial, _gru_gates_parallel)(gi, gh, h_prev, h, gates)
+    if keep is None:
+        _driver(h, _gru_gates_serial, _gru_gates_parallel)(gi, gh, h_prev, h, gates)
+    else:
+        _driver(h, _gru_gates_masked_serial, _gru_gates_masked_parallel)(gi, gh, h_prev, _rows_kept(keep), h,
+                                                                          gates)
     return h, gates
 
 
-def gru_gates_back(gates, gh, h_prev, dh):
+def gru_gates_back(gates, gh, h_prev, dh, keep=None):
     gates, gh, h_prev, dh = _c(gates), _c(gh), _c(h_prev), _c(dh)
     dgi = np.empty(gates.shape, dtype=gates.dtype)
     dgh = np.empty(gates.shape, dtype=gates.dtype)
     dh_prev = np.empty(dh.shape, dtype=gates.dtype)
-    _driver(dh_prev, _gru_gates_back_serial, _gru_gates_back_parallel)(
-        gates, gh, h_prev, dh, dgi, dgh, dh_prev)
+    if keep is None:
+        _driver(dh_prev, _gru_gates_back_serial, _gru_gates_back_parallel)(
+            gates, gh, h_prev, dh, dgi, dgh, dh_prev)
+    else:
+        _driver(dh_prev, _gru_gates_back_masked_serial, _gru_gates_back_masked_parallel)(
+            gates, gh, h_prev, dh, _rows_kept(keep), dgi, dgh, dh_prev)
     return dgi, dgh, dh_prev
+
+
+def _rows_kept(keep):
+    """The (B, 1) boolean column as (B,), one signature whatever its layout."""
+    return np.ascontiguousarray(keep, dtype=np.bool_).reshape(-1)
 
 
 def lstm_cell_state(gates, c_prev):

@@ -17,42 +17,82 @@ def _sigmoid(x):
     return s if x >= 0 else e * s
 
 
+@cuda.jit(device=True)
+def _gru_entry(h, gates, gi, gh, h_prev, b, c):
+    """Entry (b, c): r, z, n of PyTorch's GRU and h = n + z (h_prev - n)."""
+    hidden = h_prev.shape[1]
+    # Each gate is read back once stored, so what follows uses exactly the rounded values
+    # backward will see (as the reference, which computes in arrays of the input dtype).
+    gates[b, c] = _sigmoid(gi[b, c] + gh[b, c])
+    gates[b, hidden + c] = _sigmoid(gi[b, hidden + c] + gh[b, hidden + c])
+    gates[b, 2 * hidden + c] = math.tanh(gi[b, 2 * hidden + c] + gates[b, c] * gh[b, 2 * hidden + c])
+    n = gates[b, 2 * hidden + c]
+    h[b, c] = n + gates[b, hidden + c] * (h_prev[b, c] - n)
+
+
+@cuda.jit(device=True)
+def _gru_back_entry(dgi, dgh, dh_prev, gates, gh, h_prev, dh, b, c):
+    hidden = h_prev.shape[1]
+    r = gates[b, c]
+    z = gates[b, hidden + c]
+    n = gates[b, 2 * hidden + c]
+    g = dh[b, c]
+    dn = g * (1 - z) * (1 - n * n)
+    dz = g * (h_prev[b, c] - n) * z * (1 - z)
+    dr = dn * gh[b, 2 * hidden + c] * r * (1 - r)
+    dgi[b, c] = dr
+    dgi[b, hidden + c] = dz
+    dgi[b, 2 * hidden + c] = dn
+    dgh[b, c] = dr
+    dgh[b, hidden + c] = dz
+    dgh[b, 2 * hidden + c] = dn * r
+    dh_prev[b, c] = g * z
+
+
 @cuda.jit
 def _gru_gates_kernel(h, gates, gi, gh, h_prev):
-    """One thread per (b, c): r, z, n of PyTorch's GRU and h = n + z (h_prev - n)."""
+    """One thread per (b, c)."""
+    hidden = h_prev.shape[1]
+    for flat in range(cuda.grid(1), h.shape[0] * hidden, cuda.gridsize(1)):
+        _gru_entry(h, gates, gi, gh, h_prev, flat // hidden, flat % hidden)
+
+
+@cuda.jit
+def _gru_gates_masked_kernel(h, gates, gi, gh, h_prev, keep):
+    """As _gru_gates_kernel; a row whose keep is False keeps h_prev (a padded step)."""
     hidden = h_prev.shape[1]
     for flat in range(cuda.grid(1), h.shape[0] * hidden, cuda.gridsize(1)):
         b = flat // hidden
         c = flat % hidden
-        # Each gate is read back once stored, so what follows uses exactly the rounded values
-        # backward will see (as the reference, which computes in arrays of the input dtype).
-        gates[b, c] = _sigmoid(gi[b, c] + gh[b, c])
-        gates[b, hidden + c] = _sigmoid(gi[b, hidden + c] + gh[b, hidden + c])
-        gates[b, 2 * hidden + c] = math.tanh(gi[b, 2 * hidden + c] + gates[b, c] * gh[b, 2 * hidden + c])
-        n = gates[b, 2 * hidden + c]
-        h[b, c] = n + gates[b, hidden + c] * (h_prev[b, c] - n)
+        _gru_entry(h, gates, gi, gh, h_prev, b, c)
+        if not keep[b, 0]:
+            h[b, c] = h_prev[b, c]
 
 
 @cuda.jit
 def _gru_gates_back_kernel(dgi, dgh, dh_prev, gates, gh, h_prev, dh):
     hidden = h_prev.shape[1]
     for flat in range(cuda.grid(1), dh.shape[0] * hidden, cuda.gridsize(1)):
+        _gru_back_entry(dgi, dgh, dh_prev, gates, gh, h_prev, dh, flat // hidden, flat % hidden)
+
+
+@cuda.jit
+def _gru_gates_back_masked_kernel(dgi, dgh, dh_prev, gates, gh, h_prev, dh, keep):
+    """As _gru_gates_back_kernel; a padded row passes dh to h_prev and nothing to the gates."""
+    hidden = h_prev.shape[1]
+    for flat in range(cuda.grid(1), dh.shape[0] * hidden, cuda.gridsize(1)):
         b = flat // hidden
         c = flat % hidden
-        r = gates[b, c]
-        z = gates[b, hidden + c]
-        n = gates[b, 2 * hidden + c]
-        g = dh[b, c]
-        dn = g * (1 - z) * (1 - n * n)
-        dz = g * (h_prev[b, c] - n) * z * (1 - z)
-        dr = dn * gh[b, 2 * hidden + c] * r * (1 - r)
-        dgi[b, c] = dr
-        dgi[b, hidden + c] = dz
-        dgi[b, 2 * hidden + c] = dn
-        dgh[b, c] = dr
-        dgh[b, hidden + c] = dz
-        dgh[b, 2 * hidden + c] = dn * r
-        dh_prev[b, c] = g * z
+        if keep[b, 0]:
+            _gru_back_entry(dgi, dgh, dh_prev, gates, gh, h_prev, dh, b, c)
+        else:
+            dgi[b, c] = 0
+            dgi[b, hidden + c] = 0
+            dgi[b, 2 * hidden + c] = 0
+            dgh[b, c] = 0
+            dgh[b, hidden + c] = 0
+            dgh[b, 2 * hidden + c] = 0
+            dh_prev[b, c] = dh[b, c]
 
 
 @cuda.jit
@@ -116,21 +156,29 @@ def _cell_launch(kernel, batch, hidden, *args):
         _launch(kernel, _blocks(batch * hidden), THREADS, *args)
 
 
-def gru_gates(gi, gh, h_prev):
-    """GRU cell after its products (see reference.gru_gates): -> (h (B, H), gates (B, 3H))."""
+def gru_gates(gi, gh, h_prev, keep=None):
+    """GRU cell after its products (see reference.gru_gates): -> (h (B, H), gates (B, 3H));
+    ``keep`` an optional boolean (B, 1), False where a row keeps h_prev."""
     batch, hidden = h_prev.shape
     h = _empty((batch, hidden), gi.dtype)
     gates = _empty(gi.shape, gi.dtype)
-    _cell_launch(_gru_gates_kernel, batch, hidden, h, gates, gi, gh, h_prev)
+    if keep is None:
+        _cell_launch(_gru_gates_kernel, batch, hidden, h, gates, gi, gh, h_prev)
+    else:
+        _cell_launch(_gru_gates_masked_kernel, batch, hidden, h, gates, gi, gh, h_prev, keep)
     return h, gates
 
 
-def gru_gates_back(gates, gh, h_prev, dh):
+def gru_gates_back(gates, gh, h_prev, dh, keep=None):
     batch, hidden = h_prev.shape
     dgi = _empty(gates.shape, gates.dtype)
     dgh = _empty(gates.shape, gates.dtype)
     dh_prev = _empty((batch, hidden), gates.dtype)
-    _cell_launch(_gru_gates_back_kernel, batch, hidden, dgi, dgh, dh_prev, gates, gh, h_prev, dh)
+    if keep is None:
+        _cell_launch(_gru_gates_back_kernel, batch, hidden, dgi, dgh, dh_prev, gates, gh, h_prev, dh)
+    else:
+        _cell_launch(_gru_gates_back_masked_kernel, batch, hidden, dgi, dgh, dh_prev, gates, gh, h_prev, dh,
+                     keep)
     return dgi, dgh, dh_prev
 
 

@@ -23,11 +23,14 @@ def sigmoid(x):
 # buffer the size of the gate pre-activations, which the graph keeps alive anyway.
 
 
-def gru_gates(gi, gh, h_prev):
+def gru_gates(gi, gh, h_prev, keep=None):
     """GRU cell after its products: gi = x W_ih^T + b_ih, gh = h_prev W_hh^T + b_hh (B, 3H),
     h_prev (B, H) -> (h (B, H), gates (B, 3H) = [r, z, n]) with
     r = sigmoid(gi_r + gh_r), z = sigmoid(gi_z + gh_z), n = tanh(gi_n + r * gh_n),
-    h = (1 - z) n + z h_prev, computed as n + z (h_prev - n) like PyTorch."""
+    h = (1 - z) n + z h_prev, computed as n + z (h_prev - n) like PyTorch.
+
+    ``keep``: optional boolean (B, 1), False at a padded step of a row: that row's h is
+    h_prev itself (what ``where(keep, h, h_prev)`` would give, without the extra pass)."""
     hidden = h_prev.shape[1]
     gates = np.empty(gi.shape, dtype=gi.dtype)
     gates[:, : 2 * hidden] = sigmoid(gi[:, : 2 * hidden] + gh[:, : 2 * hidden])       # r, z
@@ -35,22 +38,31 @@ def gru_gates(gi, gh, h_prev):
     gates[:, 2 * hidden :] = np.tanh(gi[:, 2 * hidden :] + r * gh[:, 2 * hidden :])  # n
     n = gates[:, 2 * hidden :]
     h = n + z * (h_prev - n)
+    if keep is not None:
+        h = np.where(keep, h, h_prev)
     return h, gates
 
 
-def gru_gates_back(gates, gh, h_prev, dh):
+def gru_gates_back(gates, gh, h_prev, dh, keep=None):
     """Gradients (dgi, dgh, dh_prev) of gru_gates from its saved gates [r, z, n].
 
     The r and z blocks of dgi and dgh are equal (gi and gh enter those gates as a sum); the
-    n blocks differ by the factor r that multiplies gh_n."""
+    n blocks differ by the factor r that multiplies gh_n.  With ``keep``, a kept row's are
+    as without it, and a padded row's h was h_prev: dgi = dgh = 0 and dh_prev = dh."""
     hidden = h_prev.shape[1]
+    if keep is not None:
+        passed = np.where(keep, 0, dh).astype(dh.dtype, copy=False)
+        dh = np.where(keep, dh, 0).astype(dh.dtype, copy=False)
     r, z, n = gates[:, :hidden], gates[:, hidden : 2 * hidden], gates[:, 2 * hidden :]
     dn = dh * (1 - z) * (1 - n * n)                               # d h / d(gi_n + r gh_n)
     dz = dh * (h_prev - n) * z * (1 - z)
     dr = dn * gh[:, 2 * hidden :] * r * (1 - r)
     dgi = np.concatenate([dr, dz, dn], axis=1)                    # (B, 3H)
     dgh = np.concatenate([dr, dz, dn * r], axis=1)                # (B, 3H)
-    return dgi, dgh, dh * z
+    dh_prev = dh * z
+    if keep is not None:
+        dh_prev = np.where(keep, dh_prev, passed)
+    return dgi, dgh, dh_prev
 
 
 def lstm_cell_state(gates, c_prev):

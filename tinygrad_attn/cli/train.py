@@ -116,7 +116,8 @@ def add_parser(commands) -> None:
                           "flags must have the run's values)")
     run.add_argument("--compile", action="store_true",
                      help="replay each training step as a compiled plan (ta.compile): batches are padded "
-                          "to lengths in multiples of 8, so results equal an eager run's to rounding")
+                          "to a shape already met or a little longer (pad_to \"auto\"), so results "
+                          "equal an eager run's to rounding")
     run.add_argument("--no-progress", action="store_true",
                      help="no progress bar (without a terminal, progress is printed as lines anyway)")
     add_threads(train)

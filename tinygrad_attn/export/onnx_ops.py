@@ -324,12 +324,17 @@ def _gru_gates_op(g, op, inputs, tensors, out):
 @_lowers("GRUCell")
 def _gru_cell(g, op, inputs, tensors, out):
     parts = op.attrs.get("parts", 1)
+    # A masked cell (GRUCell(masked=True)) takes its keep column (B, 1) last: a padded row
+    # keeps its previous state.
+    keep = inputs[-1] if op.attrs.get("masked", False) else None
+    inputs = inputs[:-1] if keep is not None else inputs
     xs = inputs[:parts]
     h_prev, w_ih, w_hh, *biases = inputs[parts:]
     x = xs[0] if parts == 1 else g.node("Concat", xs, axis=-1)                      # (..., I): [y; c]
     gi = _linear(g, x, w_ih, biases[0] if biases else None)                          # (..., 3H)
     gh = _linear(g, h_prev, w_hh, biases[1] if biases else None)                     # (..., 3H)
-    return _gru_gates(g, gi, gh, h_prev, tensors[parts].shape[-1], out.dtype)
+    h = _gru_gates(g, gi, gh, h_prev, tensors[parts].shape[-1], out.dtype)
+    return h if keep is None else g.node("Where", [keep, h, h_prev])
 
 
 @_lowers("LSTMCellState")

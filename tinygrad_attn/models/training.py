@@ -77,7 +77,7 @@ def train(model: Model, task: data.Task, steps: int = 1000, batch_size: int = 64
           eval_every: int | None = None, patience: int | None = None, schedule: str = "constant",
           warmup: int = 0, checkpoint=None, resume: bool = False, restore_best: bool = True,
           eval_batch_size: int = 256, extras: dict | None = None, bucket: int = 1, compile: bool = False,
-          pad_to: int | None = None) -> list[dict]:
+          pad_to: int | str | None = None) -> list[dict]:
     """Teacher-forced training with Adam on random batches of ``task.train``, validated on
     ``task.valid``.
 
@@ -121,11 +121,18 @@ def train(model: Model, task: data.Task, steps: int = 1000, batch_size: int = 64
         bucket: batches whose pairs are sorted by length together, so a batch pads little
             (``ta.data.sample_batches``; 1: random batches).
         compile: run each step (zero_grad, loss, backward, clipping, the optimizer's update)
-            as a ``ta.compile`` plan: captured at the first batch of each shape, then replayed
-            without Python dispatch.  Ids reach the model as Tensors on its device.
-        pad_to: pad every batch's source and target lengths up to a multiple of this, so a
-            compiled run meets few shapes (default: 8 with ``compile``, else no padding).  The
-            padding is masked: results equal an unpadded run's to rounding.
+            as a ``ta.compile`` plan: captured at the first batch of each padded shape, then
+            replayed without Python dispatch.  Ids reach the model as Tensors on its device.
+        pad_to: pad every batch's source and target lengths up to a multiple of this int; or
+            "auto" (the default with ``compile``, else no padding): to a shape the run already
+            met when that adds at most a quarter to each length, or when its extra columns
+            have not yet added up to a capture's cost; else to a new shape at most an eighth
+            longer (see ``_Padding``).  A compiled run so captures few plans and pads little
+            (the dates task: one shape, against three at multiples of 8 with 45% more decoder
+            steps).  The padding is masked: results equal an unpadded run's to rounding (an
+            eager run's with the same ``pad_to``, on batches with padding, bit for bit).
+            "auto" pads by the shapes met in this call, so a resumed compiled run equals an
+            uninterrupted one to rounding.
 
     Returns:
         One record per step run in this call: {"step", "loss", "tokens" (target tokens in
@@ -148,7 +155,9 @@ def train(model: Model, task: data.Task, steps: int = 1000, batch_size: int = 64
     _check_arguments(model, task, time_limit, callback, optimizer, checkpoint, resume, restore_best,
                      eval_batch_size, extras)
     check_flag(compile, "compile", "train")
-    if pad_to is not None:
+    if isinstance(pad_to, str) and pad_to != "auto":
+        raise ValueError(f"train: pad_to must be an int >= 1 or 'auto', got {pad_to!r}")
+    if pad_to is not None and pad_to != "auto":
         check_int(pad_to, "pad_to", "train", low=1)
     settings = _settings(task, steps, batch_size, lr, clip, seed, eval_every, patience, schedule, warmup,
                          bucket)
@@ -160,7 +169,7 @@ def train(model: Model, task: data.Task, steps: int = 1000, batch_size: int = 64
     elif checkpoint is not None:
         log_path(checkpoint).unlink(missing_ok=True)      # a new run: an old run's log goes
     return run.loop(steps, time_limit, callback, restore_best, eval_batch_size, compile,
-                    pad_to if pad_to is not None else (PAD_MULTIPLE if compile else 1))
+                    pad_to if pad_to is not None else ("auto" if compile else 1))
 
 
 def _check_arguments(model, task, time_limit, callback, optimizer, checkpoint, resume, restore_best,
@@ -376,7 +385,7 @@ class _Run:
         return compile_step(step, max_plans=COMPILED_PLANS)
 
     def loop(self, steps: int, time_limit, callback, restore_best: bool, eval_batch_size: int,
-             compiled: bool = False, pad_to: int = 1) -> list[dict]:
+             compiled: bool = False, pad_to: int | str = 1) -> list[dict]:
         s = self.settings
         schedule = self.make_schedule(steps)
         if self.schedule_state is not None:
@@ -389,7 +398,15 @@ class _Run:
         parameters = list(self.model.parameters())
         step = self.step_function(parameters, compiled)
         device = parameters[0].device if compiled else None
-        source_limit, target_limit = self.model.max_src_len, self.model.max_tgt_len
+        if compiled and self.step < steps:
+            # A plan guards on which gradients were None as its capture began: all of them at
+            # the first step only, so that step's capture would serve it alone (a second
+            # capture of every shape, ~8 steps' time).  The step drops them (zero_grad) first.
+            for p in parameters:
+                if p.requires_grad and p.grad is None:
+                    p.grad = Tensor.zeros(*p.shape, dtype=p.dtype, device=p.device)
+        limits = (self.model.max_src_len, self.model.max_tgt_len)
+        padding = _Padding(pad_to, limits)
         self.model.train()
         history, start = [], time.perf_counter()
 
@@ -404,9 +421,7 @@ class _Run:
             while self.step < steps and not stopped_early:
                 batch = next(batches)
                 lr = self.optimizer.lr
-                limits = (source_limit, target_limit, target_limit)
-                ids = [_padded(array, pad_to, limit) for array, limit in
-                       zip((batch.src, batch.tgt_in, batch.tgt_out), limits, strict=True)]
+                ids = padding(batch.src, batch.tgt_in, batch.tgt_out)
                 if device is not None:
                     ids = [Tensor(array, device=device) for array in ids]
                 try:
@@ -472,10 +487,11 @@ class _Run:
         return patience is not None and best["since"] >= patience
 
 
-#: ``train(compile=True)`` pads batch lengths to multiples of this: few shapes, few plans.
-PAD_MULTIPLE = 8
-#: Plans a compiled run keeps (one per padded (S, T) shape, and the first step's).
+#: Plans a compiled run keeps (one per padded (S, T) shape).
 COMPILED_PLANS = 32
+#: What a capture costs over a replay, in replayed steps (the demo model, measured): what
+#: "auto" padding pays in extra columns before it captures a shape of its own.
+CAPTURE_STEPS = 8.0
 
 
 class _LossNotFinite(Exception):
@@ -488,13 +504,74 @@ def _loss_not_finite(loss: np.ndarray):
     raise _LossNotFinite(float(loss))
 
 
-def _padded(ids: np.ndarray, multiple: int, limit: int | None) -> np.ndarray:
-    """``ids`` (B, L) with padding columns added up to a multiple of ``multiple``, or to
-    ``limit`` (a Transformer's position table), whichever is less."""
+class _Padding:
+    """The padded (source, target) lengths of each batch: ``pad_to`` an int (multiples of
+    it) or "auto".
+
+    "auto" weighs what a compiled run pays.  A new shape is a capture: an eager step and the
+    recording, measured at ~8-10 replayed steps on the demo model (``CAPTURE_STEPS``).  A
+    padded column is work at every step that pads to it (a decoder column is an attention
+    step, a cell and a readout): multiples of 8 padded the dates task's 11 target columns to
+    16, 45% more decoder work at every step, for the sake of few plans.  So a batch takes:
+
+    - the shape met so far that pads least, if it adds at most a quarter (at least 2) to
+      each length (to any amount once ``COMPILED_PLANS`` shapes are met);
+    - else, if a longer shape was met, that one, its extra columns over the batch's (as a
+      fraction of the batch's) charged to the batch's own rung shape, until the charges
+      reach a capture's cost: then that rung shape is made (a shape met rarely, like the
+      dates task's shortest sources, never costs a capture);
+    - else a new shape, each length rounded up to a rung of a ladder at most 1/8 apart
+      (11 -> 11, 27 -> 28, 40 -> 40, 100 -> 104).
+
+    Lengths never pass the model's ``limits`` (a Transformer's position table).  The choice
+    depends on the batches met before in this call only, so an eager run given "auto" pads
+    exactly as a compiled one."""
+
+    def __init__(self, pad_to: int | str, limits: tuple):
+        self.pad_to, self.limits = pad_to, limits
+        self.shapes: list[tuple] = []
+        self.charges: dict[tuple, float] = {}
+
+    def __call__(self, src: np.ndarray, tgt_in: np.ndarray, tgt_out: np.ndarray) -> list[np.ndarray]:
+        lengths = (src.shape[1], tgt_in.shape[1])
+        if self.pad_to == "auto":
+            wanted = self._auto(lengths)
+        else:
+            wanted = tuple(length + -length % self.pad_to for length in lengths)
+        wanted = tuple(want if limit is None else max(min(want, limit), length)
+                       for length, want, limit in zip(lengths, wanted, self.limits, strict=True))
+        return [_padded(ids, want) for ids, want in zip((src, tgt_in, tgt_out), wanted + wanted[1:],
+                                                        strict=True)]
+
+    def _auto(self, lengths: tuple) -> tuple:
+        longer = [shape for shape in self.shapes
+                  if all(length <= padded for length, padded in zip(lengths, shape, strict=True))]
+        if longer:
+            best = min(longer, key=sum)
+            close = all(padded <= length + max(2, length // 4)
+                        for length, padded in zip(lengths, best, strict=True))
+            if close or len(self.shapes) >= COMPILED_PLANS:
+                return best
+        rung = tuple(_rung(length) for length in lengths)
+        if longer:
+            charge = self.charges.get(rung, 0.0) + (sum(best) - sum(lengths)) / sum(lengths)
+            if charge < CAPTURE_STEPS:
+                self.charges[rung] = charge
+                return best
+            del self.charges[rung]
+        self.shapes.append(rung)
+        return rung
+
+
+def _rung(length: int) -> int:
+    """``length`` rounded up to a multiple of the power of two at most an eighth of it."""
+    step = 1 << max(0, length.bit_length() - 4)
+    return length + -length % step
+
+
+def _padded(ids: np.ndarray, wanted: int) -> np.ndarray:
+    """``ids`` (B, L) with padding columns added up to ``wanted`` (>= L) columns."""
     length = ids.shape[1]
-    wanted = length + -length % multiple
-    if limit is not None:
-        wanted = max(min(wanted, limit), length)
     if wanted == length:
         return ids
     return np.pad(ids, ((0, 0), (0, wanted - length)), constant_values=data.PAD)

@@ -156,10 +156,11 @@ class _RNNBase(Module):
         return (get(f"weight_ih{suffix}"), get(f"weight_hh{suffix}"), get(f"bias_ih{suffix}"),
                 get(f"bias_hh{suffix}"))
 
-    def _step(self, x: Tensor | tuple, state, weights):
-        """One cell step; ``state`` is h, or (h, c) for an LSTM; ``x`` may be in parts."""
+    def _step(self, x: Tensor | tuple, state, weights, keep=None):
+        """One cell step; ``state`` is h, or (h, c) for an LSTM; ``x`` may be in parts.
+        ``keep`` (a GRU's only): a boolean column, False at rows whose state stays."""
         if self.kind == "gru":
-            return F.gru_step(x, state, *weights)              # reads the parts without a Cat
+            return F.gru_step(x, state, *weights, keep=keep)   # reads the parts without a Cat
         if isinstance(x, tuple):
             x = cat(x, axis=-1)
         if self.kind == "lstm":
@@ -242,7 +243,7 @@ class _RNNBase(Module):
         for t, x_t in enumerate(xs):
             if x_t.shape != xs[0].shape:
                 raise ShapeError(f"{name}: step {t} has shape {x_t.shape}, step 0 has {xs[0].shape}")
-        keep = self._mask_columns(mask, lead, len(xs))
+        keep = self._mask_columns(mask, lead, len(xs), xs[0].dtype)
         finals = []
         for layer in range(self.num_layers):
             if layer > 0 and self.dropout > 0.0 and self.training:
@@ -262,8 +263,16 @@ class _RNNBase(Module):
                 outs: list = [None] * len(xs)
                 for t in order:
                     with scope(scopes.step(t)), (scope(scopes.REVERSE) if d == 1 else nullcontext()):
-                        new = self._step(xs[t], state, weights)
-                        outs[t], state = self._masked(new, state, keep[t])
+                        if self.kind == "gru" and keep[t] is not None:
+                            # The GRU's fused node keeps the state at padded rows itself.
+                            column = keep[t][0]
+                            if not isinstance(column, Tensor):
+                                column = Tensor(column, dtype=np.bool_, device=state.device)
+                            state = self._step(xs[t], state, weights, column)
+                            outs[t] = state * keep[t][1]
+                        else:
+                            new = self._step(xs[t], state, weights)
+                            outs[t], state = self._masked(new, state, keep[t])
                 directions.append(outs)
                 finals.append(state)
             if self.num_directions == 1:
@@ -327,9 +336,15 @@ class _RNNBase(Module):
             x = state[0] if self.kind == "lstm" else state
         return x, new_states
 
-    def _mask_columns(self, mask, lead: tuple, steps: int) -> list:
-        """Per step: a boolean column shaped like the step's leading axes plus 1, to broadcast
-        over H; or None, where the step needs no masking.
+    def _mask_columns(self, mask, lead: tuple, steps: int, dtype) -> list:
+        """Per step: a pair of columns shaped like the step's leading axes plus 1, to
+        broadcast over H, the boolean one and the same as 0/1 in ``dtype``; or None, where
+        the step needs no masking.  A GRU's fused node keeps the state at padded rows
+        itself (``GRUCell(masked=True)``); the other cells' state is selected with
+        ``where``.  The output is multiplied by the 0/1 column (h * 1 is h; h * 0 is 0,
+        -0.0 where h < 0: the same number, and a cell's h is finite), one Mul node whose
+        backward is one product, where ``where(keep, h, 0.0)`` also ran a fill, two selects
+        and a sum for the constant's gradient, at every padded step.
 
         A host mask's columns of real tokens only are None: those steps skip the ``where``
         ops (an eager speed-up on batches with little padding).  A Tensor mask is not read
@@ -349,19 +364,26 @@ class _RNNBase(Module):
                              f"True at real tokens; got {mask.dtype} {mask.shape}")
         if isinstance(mask, Tensor):
             columns = mask.transpose(0, 1).reshape(steps, *lead, 1)              # (T, *lead, 1)
-            return [columns[t] for t in range(steps)]
-        return [None if column.all() else column.reshape(lead + (1,)) for column in mask.T]
+            numbers = columns.astype(dtype)
+            return [(columns[t], numbers[t]) for t in range(steps)]
+        columns = [None if column.all() else column.reshape(lead + (1,)) for column in mask.T]
+        return [None if column is None else (column, column.astype(dtype)) for column in columns]
 
     def _masked(self, new, old, keep):
-        """(output, state) of a step: at padded rows the state stays and the output is 0."""
+        """(output, state) of a step: at padded rows the state stays and the output is 0.
+
+        ``keep``: None, a pair from ``_mask_columns``, or a boolean column alone (the ONNX
+        exporter traces a step with one, bound to its Scan's mask input), whose output is
+        ``where(keep, h, 0.0)``: the same values."""
         h_new = new[0] if self.kind == "lstm" else new
         if keep is None:
             return h_new, new
+        keep, ones = keep if isinstance(keep, tuple) else (keep, None)
         if self.kind == "lstm":
             state = (where(keep, new[0], old[0]), where(keep, new[1], old[1]))
         else:
             state = where(keep, new, old)
-        return where(keep, h_new, 0.0), state
+        return (where(keep, h_new, 0.0) if ones is None else h_new * ones), state
 
     def extra_repr(self) -> str:
         extras = [f"{self.input_size}, {self.hidden_size}"]

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..autograd import DeferredGrad, Example, Op, register
 from ..shapes import dim
-from ._common import check_float, check_same_dtype, uniform
+from ._common import check_bool, check_float, check_same_dtype, uniform
 from .elementwise import Sigmoid, Tanh
 
 # The gates' symbolic forms use the elementwise ops' own formulas.
@@ -143,23 +143,33 @@ class GRUCell(Op):
     w_ih, w_hh and the biases.  A Bahdanau decoder's input is [y_{i-1}; c_i] (Bahdanau et
     al. 2015, s_i = f(s_{i-1}, y_{i-1}, c_i)): with ``parts=2`` the cell reads y and c
     themselves, and the join costs no node of its own.
+
+    With ``masked=True`` a last input ``keep``, boolean (..., 1), False at a row's padded
+    step: there h = h_prev (``where(keep, h, h_prev)``, inside the gates kernel rather than
+    a node and two backward passes of its own at every step of a masked sequence).
     """
 
     kernels = ("add", "cat", "gru_gates", "gru_gates_back", "matmul", "matmul_nt", "matmul_tn",
                "reshape", "split", "sum")
 
     @staticmethod
-    def symbolic(sp, *inputs, parts=1):
+    def symbolic(sp, *inputs, parts=1, masked=False):
+        if masked:
+            *inputs, keep = inputs
         x = np.concatenate([np.asarray(p, dtype=object) for p in inputs[:parts]], axis=-1)
         h_prev, w_ih, w_hh, *biases = (np.asarray(a, dtype=object) for a in inputs[parts:])
         gi = np.matmul(x, w_ih.T)
         gh = np.matmul(h_prev, w_hh.T)
         if biases:
             gi, gh = gi + biases[0], gh + biases[1]
-        return GRUGates.symbolic(sp, gi, gh, h_prev)
+        h = GRUGates.symbolic(sp, gi, gh, h_prev)
+        return np.where(keep, h, h_prev) if masked else h
 
     def forward(self, *inputs):
         parts = self.attrs.get("parts", 1)
+        keep = None
+        if self.attrs.get("masked", False):
+            *inputs, keep = inputs
         if not 1 <= parts <= len(inputs) - 3:
             self.fail(f"parts={parts} needs 1 to {len(inputs) - 3} input parts before h_prev, "
                       f"w_ih and w_hh; got {len(inputs)} inputs")
@@ -175,6 +185,12 @@ class GRUCell(Op):
             self.fail(f"expected x (..., I){joined}, h_prev (..., H), w_ih (3H, I), w_hh (3H, H) "
                       f"and biases (3H,) both or neither; got {shapes}")
         kb = self.backend
+        if keep is not None:
+            check_bool(self, keep, "keep")
+            if keep.shape != h_prev.shape[:-1] + (1,):
+                self.fail(f"keep must be {h_prev.shape[:-1] + (1,)} (h_prev's batch axes, then 1); "
+                          f"got {tuple(keep.shape)}")
+            keep = _rows(kb, keep)                                      # (B, 1)
         h_prev2 = _rows(kb, h_prev)                                     # (B, H)
         if parts == 1:
             x2 = _rows(kb, xs[0])                                       # (B, I)
@@ -184,16 +200,22 @@ class GRUCell(Op):
         gh = kb.matmul_nt(h_prev2, w_hh)                                # (B, 3H)
         if biases:
             gi, gh = kb.add(gi, biases[0]), kb.add(gh, biases[1])
-        h, gates = kb.gru_gates(gi, gh, h_prev2)                        # (B, H), (B, 3H)
-        self.saved = (x2, h_prev2, w_ih, w_hh, gates, gh, [tuple(x.shape) for x in xs], h_prev.shape)
+        if keep is None:                 # no keep argument at all: the kernels' common signature
+            h, gates = kb.gru_gates(gi, gh, h_prev2)                    # (B, H), (B, 3H)
+        else:
+            h, gates = kb.gru_gates(gi, gh, h_prev2, keep)
+        self.saved = (x2, h_prev2, w_ih, w_hh, gates, gh, [tuple(x.shape) for x in xs], h_prev.shape, keep)
         return _unrows(kb, h, h_prev.shape)
 
     def backward(self, dh):
-        x2, h_prev2, w_ih, w_hh, gates, gh, x_shapes, state_shape = self.saved
+        x2, h_prev2, w_ih, w_hh, gates, gh, x_shapes, state_shape, keep = self.saved
         kb = self.backend
         parts = len(x_shapes)
         need = self.needs_grad
-        dgi, dgh, dh_prev = kb.gru_gates_back(gates, gh, h_prev2, _rows(kb, dh))   # (B, 3H) x2, (B, H)
+        if keep is None:
+            dgi, dgh, dh_prev = kb.gru_gates_back(gates, gh, h_prev2, _rows(kb, dh))   # (B, 3H) x2, (B, H)
+        else:
+            dgi, dgh, dh_prev = kb.gru_gates_back(gates, gh, h_prev2, _rows(kb, dh), keep)
         grads = [None] * len(need)
         if True in need[:parts]:
             dx2 = kb.matmul(dgi, w_ih)                                              # (B, I)
@@ -211,7 +233,7 @@ class GRUCell(Op):
             grads[parts + 1] = DeferredGrad(kb, kb.matmul_tn, w_ih.shape, (dgi, x2))     # (3H, I)
         if need[parts + 2]:
             grads[parts + 2] = DeferredGrad(kb, kb.matmul_tn, w_hh.shape, (dgh, h_prev2))  # (3H, H)
-        if len(need) == parts + 5:
+        if len(need) - (keep is not None) == parts + 5:          # biases (keep, if any, is last)
             if need[parts + 3]:
                 grads[parts + 3] = DeferredGrad(kb, kb.sum, dgi.shape[1:], (dgi,), (0, False))
             if need[parts + 4]:
@@ -228,7 +250,13 @@ class GRUCell(Op):
                          uniform(954, 3), uniform(955, 3))),                         # unbatched
                 Example((uniform(956, 2, 1, 2), uniform(957, 2, 1, 1), uniform(958, 2, 1, 2),
                          uniform(959, 6, 3), uniform(960, 6, 2), uniform(961, 6), uniform(962, 6)),
-                        {"parts": 2})]                                               # x = [y; c]
+                        {"parts": 2}),                                               # x = [y; c]
+                Example((uniform(963, 3, 2), uniform(964, 3, 2), uniform(965, 6, 2), uniform(966, 6, 2),
+                         uniform(967, 6), uniform(968, 6), np.array([[True], [False], [True]])),
+                        {"masked": True}),                                           # a padded row
+                Example((uniform(969, 2, 1, 2), uniform(970, 2, 1, 1), uniform(971, 2, 1, 2),
+                         uniform(972, 6, 3), uniform(973, 6, 2), np.array([[[False]], [[True]]])),
+                        {"parts": 2, "masked": True})]                               # no biases
 
 
 @register
