@@ -417,7 +417,7 @@ def _printers():
             self.fast, self.like = fast, like
 
         def _constant(self, text):
-            return f"_like({self.like}, {text})" if self.fast and self.like else text
+            return f"cast_like({self.like}, {text})" if self.fast and self.like else text
 
         def _print_Integer(self, expr):
             return self._constant(f"{int(expr)}.0")
@@ -444,10 +444,10 @@ def _printers():
             return self._constant(repr(float(expr)))
 
         def _print_exp(self, expr):
-            return f"{'_exp' if self.fast else 'math.exp'}({self._print(expr.args[0])})"
+            return f"{'typed_exp' if self.fast else 'math.exp'}({self._print(expr.args[0])})"
 
         def _print_tanh(self, expr):
-            return f"{'_tanh' if self.fast else 'math.tanh'}({self._print(expr.args[0])})"
+            return f"{'typed_tanh' if self.fast else 'math.tanh'}({self._print(expr.args[0])})"
 
     return NumPy, Scalar
 

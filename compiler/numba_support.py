@@ -127,7 +127,7 @@ def _by_float_width(generic, impl32, impl64) -> None:
     overload(generic)(choose)
 
 
-def _exp(x):  # pragma: no cover - replaced inside Numba (_by_float_width)
+def typed_exp(x):  # pragma: no cover - replaced inside Numba (_by_float_width)
     return math.exp(x)
 
 
@@ -139,14 +139,14 @@ def _exp64_impl(x):
     return math.exp(x)
 
 
-_by_float_width(_exp, _exp32_impl, _exp64_impl)
+_by_float_width(typed_exp, _exp32_impl, _exp64_impl)
 
 
-def _like(x, value):  # pragma: no cover - replaced inside Numba by the overload below
+def cast_like(x, value):  # pragma: no cover - replaced inside Numba by the overload below
     return value
 
 
-@overload(_like)
+@overload(cast_like)
 def _like_overload(x, value):
     # A constant in x's float type: a float64 literal in float32 arithmetic would promote
     # the whole row to float64 (and to the slow exp).
@@ -182,7 +182,7 @@ def _tanh32(x):
     return small if a < np.float32(0.625) else large
 
 
-def _tanh(x):  # pragma: no cover - replaced inside Numba (_by_float_width)
+def typed_tanh(x):  # pragma: no cover - replaced inside Numba (_by_float_width)
     return math.tanh(x)
 
 
@@ -194,14 +194,14 @@ def _tanh64_impl(x):
     return math.tanh(x)
 
 
-_by_float_width(_tanh, _tanh32_impl, _tanh64_impl)
+_by_float_width(typed_tanh, _tanh32_impl, _tanh64_impl)
 
 
 @njit(cache=True, fastmath=FAST, error_model="numpy")
-def _sigmoid(x):
+def typed_sigmoid(x):
     """1 / (1 + e^{-x}) with exp of a non-positive number only (no overflow), in x's type."""
-    e = _exp(-abs(x))
-    one = _like(x, 1.0)
+    e = typed_exp(-abs(x))
+    one = cast_like(x, 1.0)
     s = one / (one + e)
     return s if x >= 0 else e * s
 

@@ -56,10 +56,10 @@ def record_launches(kernels):
         signature = tuple(numba.typeof(a) for a in args)
         launched[(id(kernel), signature)] = (kernel, signature)
 
-    # Every kernel family launches through its own name for device._launch.
+    # Every kernel family launches through its own name for device.launch.
     for family in (kernels.device, *kernels.FAMILIES):
-        if hasattr(family, "_launch"):
-            family._launch = record
+        if hasattr(family, "launch"):
+            family.launch = record
 
     def contiguous(a):
         if isinstance(a, np.ndarray):

@@ -22,17 +22,6 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS_REASON = "MkDocs is not installed: the site tests need pip install -e '.[docs]'"
 yaml = optional.module("yaml", DOCS_REASON)          # PyYAML comes with MkDocs
 
-# Docstrings in the package that griffe reads but warns about, each a known defect to fix in
-# the code, not here: (file, message). A new warning fails; so does an entry that no longer
-# occurs (delete it), so that this list only shrinks.
-KNOWN_DOCSTRING_WARNINGS = {
-    ("tinygrad_attn/functional.py", "Parameter 'b_ih, b_hh' does not appear in the function signature"),
-    ("tinygrad_attn/models/seq2seq.py",
-     "Parameter 'src_vocab, tgt_vocab' does not appear in the function signature"),
-    ("tinygrad_attn/nn/rnn.py",
-     "Parameter 'input_size, hidden_size' does not appear in the function signature"),
-}
-GRIFFE_WARNING = re.compile(r"WARNING\s+-\s+griffe: \S*?/tinygrad_attn/(\S+?):\d+: (.*)")
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +33,8 @@ def mkdocs():
 
 
 def _build(mkdocs, config: Path, site: Path) -> subprocess.CompletedProcess:
-    # Not --strict here: the same warnings are logged either way, and this test tells the known
-    # ones from new ones itself (with none known, it is exactly --strict).
-    command = [*mkdocs, "build", "--clean", "-f", str(config), "-d", str(site)]
+    # --strict: a broken link, a missing reference or a docstring griffe cannot read fails.
+    command = [*mkdocs, "build", "--strict", "--clean", "-f", str(config), "-d", str(site)]
     return subprocess.run(command, cwd=config.parent, capture_output=True, text=True, env=_env())
 
 
@@ -65,21 +53,11 @@ def site(mkdocs, tmp_path_factory):
     return result, out
 
 
-def test_site_builds_without_new_warnings(site):
+def test_site_builds_strictly_without_warnings(site):
     result, _ = site
     log = result.stderr + result.stdout
-    known, new = set(), []
-    for line in _warnings(log):
-        match = GRIFFE_WARNING.match(line)
-        key = (f"tinygrad_attn/{match.group(1)}", match.group(2).strip()) if match else None
-        if key in KNOWN_DOCSTRING_WARNINGS:
-            known.add(key)
-        else:
-            new.append(line)
     assert result.returncode == 0, log[-4000:]
-    assert not new, "mkdocs build warned (a --strict build fails on these):\n" + "\n".join(new)
-    fixed = KNOWN_DOCSTRING_WARNINGS - known
-    assert not fixed, f"fixed, so delete from KNOWN_DOCSTRING_WARNINGS: {sorted(fixed)}"
+    assert not _warnings(log), "mkdocs build warned:\n" + "\n".join(_warnings(log))
 
 
 def test_site_has_the_guide_the_api_and_no_build_files(site):

@@ -265,7 +265,8 @@ def gru_cell(x: Tensor, h: Tensor | None, w_ih: Tensor, w_hh: Tensor, b_ih: Tens
         h: hidden state (B, H), or None for zeros.
         w_ih: (3H, I), the rows of W_ir, W_iz, W_in stacked (GRUCell.weight_ih).
         w_hh: (3H, H), likewise (GRUCell.weight_hh).
-        b_ih, b_hh: (3H,) biases, or None (GRUCell(bias=False)).
+        b_ih: (3H,) bias, or None (GRUCell(bias=False)).
+        b_hh: (3H,) bias, or None.
 
     Returns:
         The next hidden state h' (B, H).
@@ -325,7 +326,8 @@ def lstm_cell(x: Tensor, hx: tuple[Tensor, Tensor] | None, w_ih: Tensor, w_hh: T
         hx: the states (h, c), each (B, H), or None for zeros.
         w_ih: (4H, I), the rows of W_ii, W_if, W_ig, W_io stacked (LSTMCell.weight_ih).
         w_hh: (4H, H), likewise (LSTMCell.weight_hh).
-        b_ih, b_hh: (4H,) biases, or None (LSTMCell(bias=False)).
+        b_ih: (4H,) bias, or None (LSTMCell(bias=False)).
+        b_hh: (4H,) bias, or None.
 
     Returns:
         (h', c'), each (B, H).

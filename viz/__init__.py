@@ -27,9 +27,9 @@ from .graph import (
     RENDER_MAX_NODES,
     Drawing,
     GraphvizNotFound,
-    _notebook_svg,
     graph,
     notebook_display,
+    notebook_svg,
     render,
 )
 from .heatmap import heatmap
@@ -40,4 +40,4 @@ __all__ = ["heatmap", "explore", "Explorer", "format_attention", "row_labels", "
            "render", "Drawing", "notebook_display", "GraphvizNotFound", "FORMATS", "MAX_VALUES",
            "RENDER_MAX_NODES", "NOTEBOOK_COLLAPSE_ABOVE", "NOTEBOOK_MAX_NODES"]
 
-Tensor._graph_svg = staticmethod(_notebook_svg)
+Tensor._graph_svg = staticmethod(notebook_svg)

@@ -27,7 +27,7 @@ from tinygrad_attn.models import decoding
 from tinygrad_attn.serialize import atomic_file
 
 from .explore_page import CSS, JS, ROW
-from .heatmap import _visible
+from .heatmap import label_text
 
 __all__ = ["MAX_TOKENS", "MAX_VALUES", "MARKER"]
 
@@ -251,7 +251,7 @@ def _payload(model, source, task_like, hypotheses, weights) -> tuple[dict, list[
     vocab = task_like.src_vocab
     payload = {
         "row_height": ROW,
-        "source": [_visible(t) for t in source],
+        "source": [label_text(t) for t in source],
         "unknown": [t not in vocab for t in source],
         "heads": heads,
         "averaged": averaged,
@@ -259,8 +259,8 @@ def _payload(model, source, task_like, hypotheses, weights) -> tuple[dict, list[
                    "layers": layers} for kind, layers in kinds],
         "encoder": matrices("encoder"),
         "hypotheses": [{"text": h["text"], "score": h["score"], "log_prob": h["log_prob"],
-                        "rows": [_visible(t) for t in h["rows"]],
-                        "inputs": ["<start>"] + [_visible(t) for t in h["rows"][:-1]],
+                        "rows": [label_text(t) for t in h["rows"]],
+                        "inputs": ["<start>"] + [label_text(t) for t in h["rows"][:-1]],
                         "cross": matrices(f"cross/{k}"), "decoder": matrices(f"decoder/{k}")}
                        for k, h in enumerate(hypotheses)],
         "model": _describe(model),

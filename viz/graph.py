@@ -54,13 +54,13 @@ MAX_VALUES = 12
 _STEP = re.compile(r"t(\d+)")
 _STEP_PATTERN = "t[0-9]*"
 
-_FONT = "Helvetica"
+FONT = "Helvetica"
 # Cluster fills by what the scope is, light enough that black text on white ops stays sharp.
-_CLUSTER_FILL = {"encoder": "#e8f0fa", "decoder": "#fbefe1", "attention": "#fbe3e8", "step": "#ffffff"}
+CLUSTER_FILL = {"encoder": "#e8f0fa", "decoder": "#fbefe1", "attention": "#fbe3e8", "step": "#ffffff"}
 _CLUSTER_PEN = {"encoder": "#7b9cc9", "decoder": "#d9a066", "attention": "#d97b8f", "step": "#b0b0b0"}
-_PARAM_FILL = "#c6dbef"
-_INPUT_FILL = "#fff3b0"
-_PARAM_EDGE = "#8fa8c8"
+PARAM_FILL = "#c6dbef"
+INPUT_FILL = "#fff3b0"
+PARAM_EDGE = "#8fa8c8"
 _ATTENTION_EDGE = "#c0392b"
 _WEIGHTS_FILL = "#f4b6c2"
 
@@ -162,11 +162,11 @@ RENDER_MAX_NODES = 2000
 
 
 def _drawing(tensor, collapse=None, backward=False, values=False, attention_edges=False,
-             rankdir="TB") -> _Drawing:
+             rankdir="TB") -> GraphLayout:
     if rankdir not in ("TB", "LR", "BT", "RL"):
         raise ValueError(f"graph(): rankdir must be 'TB', 'LR', 'BT' or 'RL', got {rankdir!r}")
-    keep_steps, patterns = _parse_collapse(collapse)
-    return _Drawing(tensor, keep_steps, patterns, backward, values, attention_edges, rankdir)
+    keep_steps, patterns = parse_collapse(collapse)
+    return GraphLayout(tensor, keep_steps, patterns, backward, values, attention_edges, rankdir)
 
 
 def render(tensor_or_digraph, path, **graph_options) -> Path:
@@ -265,7 +265,7 @@ def notebook_display(enabled: bool = True) -> None:
     _notebook["enabled"] = enabled
 
 
-def _notebook_svg(tensor) -> str | None:
+def notebook_svg(tensor) -> str | None:
     """The SVG Jupyter shows for a tensor (Tensor._repr_mimebundle_), or None for text."""
     if not _notebook["enabled"]:
         return None
@@ -278,7 +278,7 @@ def _notebook_svg(tensor) -> str | None:
         return None
 
 
-def _parse_collapse(collapse) -> tuple[int | None, tuple[str, ...]]:
+def parse_collapse(collapse) -> tuple[int | None, tuple[str, ...]]:
     """``collapse`` -> (steps to keep at each end or None, scope patterns)."""
     if collapse is None:
         return None, ()
@@ -357,13 +357,13 @@ def _numbers(array) -> str:
 
 
 @dataclass
-class _Cluster:
+class Cluster:
     items: list = field(default_factory=list)        # DOT node names drawn directly inside
     children: list = field(default_factory=list)     # child scope paths, first seen first
     weight: list = field(default_factory=list)       # topological indices, to order siblings
 
 
-class _Drawing:
+class GraphLayout:
     """One drawing: decides what each tensor becomes (a node, a hidden step, part of a
     box), then writes clusters, nodes and edges."""
 
@@ -469,7 +469,7 @@ class _Drawing:
             scope = self.scope[id(t)]
             if id(t) in self.hidden or not scope:
                 continue
-            box_scope = _outermost_match(scope, patterns)
+            box_scope = outermost_match(scope, patterns)
             if box_scope is None:
                 continue
             if box_scope not in boxes:
@@ -482,9 +482,9 @@ class _Drawing:
             ops = members[box_scope]
             counts = {op: ops.count(op) for op in dict.fromkeys(ops)}
             listed = ", ".join(f"{op} ×{n}" if n > 1 else op for op, n in counts.items())
-            label = f"{box_scope.rsplit('/', 1)[-1]}\\n{len(ops)} ops: {_wrap(listed, 28)}"
+            label = f"{box_scope.rsplit('/', 1)[-1]}\\n{len(ops)} ops: {wrap_label(listed, 28)}"
             attrs = {"shape": "box3d", "style": "filled", "margin": "0.12,0.08",
-                     "fillcolor": _CLUSTER_FILL[_scope_kind(box_scope)], "fontsize": "10"}
+                     "fillcolor": CLUSTER_FILL[scope_kind(box_scope)], "fontsize": "10"}
             parent = box_scope.rsplit("/", 1)[0] if "/" in box_scope else ""
             self.extra[name] = (parent, label, attrs)
 
@@ -533,10 +533,10 @@ class _Drawing:
                 attrs["fillcolor"] = _WEIGHTS_FILL       # the a_ij a reader looks for first
             attrs["tooltip"] += f" {t.node.op!r}" + (f" in {t.node.scope}" if t.node.scope else "")
         elif kind == "param":
-            attrs.update(shape="box", style="filled", fillcolor=_PARAM_FILL, color="#4a6fa5",
+            attrs.update(shape="box", style="filled", fillcolor=PARAM_FILL, color="#4a6fa5",
                          fontsize="10")
         elif kind == "input":
-            attrs.update(shape="ellipse", style="filled", fillcolor=_INPUT_FILL, fontsize="10")
+            attrs.update(shape="ellipse", style="filled", fillcolor=INPUT_FILL, fontsize="10")
         else:
             attrs.update(shape="box", style="filled", fillcolor="#eeeeee", color="#bbbbbb",
                          fontcolor="#555555", fontsize="8", height="0.2", margin="0.04,0.02")
@@ -552,11 +552,11 @@ class _Drawing:
         # (dot's older per-cluster ranking does that to unrolled RNNs).  nslimit caps the
         # x-placement's iterations at a multiple of the node count: small graphs converge
         # well inside it, and a 20-step unroll draws in seconds instead of minutes.
-        g.attr(rankdir=self.rankdir, fontname=_FONT, nodesep="0.2", ranksep="0.3", newrank="true",
+        g.attr(rankdir=self.rankdir, fontname=FONT, nodesep="0.2", ranksep="0.3", newrank="true",
                nslimit="2")
-        g.attr("node", fontname=_FONT, height="0.3", margin="0.08,0.03")
-        g.attr("edge", fontname=_FONT, fontsize="8", arrowsize="0.6")
-        tree = {"": _Cluster()}
+        g.attr("node", fontname=FONT, height="0.3", margin="0.08,0.03")
+        g.attr("edge", fontname=FONT, fontsize="8", arrowsize="0.6")
+        tree = {"": Cluster()}
         statements: dict[str, tuple[str, dict]] = {}
         for t in self.order:
             name = self.rep[id(t)]
@@ -587,7 +587,7 @@ class _Drawing:
         for part in parts:
             child = f"{path}/{part}" if path else part
             if child not in tree:
-                tree[child] = _Cluster()
+                tree[child] = Cluster()
                 tree[path].children.append(child)
             tree[child].weight.append(index)
             path = child
@@ -605,11 +605,11 @@ class _Drawing:
             while not tree[inner].items and len(tree[inner].children) == 1:
                 inner = tree[inner].children[0]
                 title.append(inner.rsplit("/", 1)[-1])
-            kind = _scope_kind(inner)
+            kind = scope_kind(inner)
             sub = graphviz.Digraph(name=f"cluster_{inner}")
             style = "rounded,dashed,filled" if ".." in inner.rsplit("/", 1)[-1] else "rounded,filled"
-            sub.attr(label=" / ".join(title), style=style, fillcolor=_CLUSTER_FILL[kind],
-                     color=_CLUSTER_PEN[kind], fontname=_FONT, fontsize="11" if kind == "step" else "13",
+            sub.attr(label=" / ".join(title), style=style, fillcolor=CLUSTER_FILL[kind],
+                     color=_CLUSTER_PEN[kind], fontname=FONT, fontsize="11" if kind == "step" else "13",
                      labeljust="l")
             self._write_cluster(sub, tree, inner, statements)
             g.subgraph(sub)
@@ -643,7 +643,7 @@ class _Drawing:
                 # and only the edge to the earliest use pulls on the layout, so the weight sits
                 # just above its first step instead of dragging every step to one rank.
                 anchor = self._first_use(inp)
-                attrs.update(color=_PARAM_EDGE, penwidth="0.7", weight="1" if target == anchor else "0")
+                attrs.update(color=PARAM_EDGE, penwidth="0.7", weight="1" if target == anchor else "0")
             elif inp.node is None and not inp.requires_grad:
                 attrs.update(color="#aaaaaa", penwidth="0.7")
             elif self.scope[id(inp)] == self.scope[id(user)] and _step_of(self.scope[id(user)]):
@@ -760,7 +760,7 @@ class _Drawing:
                 return [self._visible(x) for x in pieces]
         return [self._visible(values)] * length
 
-    def _visible(self, t) -> str | None:
+    def label_text(self, t) -> str | None:
         name = self.rep.get(id(t))
         return None if name is None or name.startswith("skip") else name
 
@@ -791,7 +791,7 @@ def _is_attention_weights(t) -> bool:
             and not _attention_scopes().isdisjoint(t.node.scope.split("/")))
 
 
-def _scope_kind(path: str) -> str:
+def scope_kind(path: str) -> str:
     parts = path.split("/")
     if parts[-1] in _attention_scopes():
         return "attention"
@@ -802,7 +802,7 @@ def _scope_kind(path: str) -> str:
     return "decoder" if parts[0] == _scopes.DECODER else "step"
 
 
-def _sibling_key(path: str, cluster: _Cluster):
+def _sibling_key(path: str, cluster: Cluster):
     # Time steps (and "t2..t37", the hidden ones) in time order; other scopes in the order
     # their ops mostly ran.
     match = _STEP.match(path.rsplit("/", 1)[-1])
@@ -811,7 +811,7 @@ def _sibling_key(path: str, cluster: _Cluster):
     return (1, sum(cluster.weight) / len(cluster.weight))
 
 
-def _outermost_match(scope: str, patterns) -> str | None:
+def outermost_match(scope: str, patterns) -> str | None:
     parts = scope.split("/")
     for i in range(1, len(parts) + 1):
         prefix = "/".join(parts[:i])
@@ -821,7 +821,7 @@ def _outermost_match(scope: str, patterns) -> str | None:
     return None
 
 
-def _wrap(text: str, width: int) -> str:
+def wrap_label(text: str, width: int) -> str:
     lines, line = [], ""
     for word in text.split(", "):
         if line and len(line) + len(word) + 2 > width:

@@ -92,8 +92,8 @@ def heatmap(weights, src_tokens, tgt_tokens, path=None, title=None, *, backend=N
             _matrix(panel, src_tokens, tgt_tokens)
     else:
         weights = _matrix(weights, src_tokens, tgt_tokens)
-    src = [_visible(t) for t in src_tokens]
-    tgt = [_visible(t) for t in tgt_tokens]
+    src = [label_text(t) for t in src_tokens]
+    tgt = [label_text(t) for t in tgt_tokens]
     if numbers is None:
         numbers = max(weights.shape[-2:]) <= NUMBERS_UP_TO
     path = None if path is None else Path(path)
@@ -214,7 +214,7 @@ def _check_matplotlib_format(path: Path, fmt: str) -> None:
 # ---------------------------------------------------------------- shared helpers
 
 
-def _visible(token) -> str:
+def label_text(token) -> str:
     """A label that shows up: a space becomes an open box, and control characters (which XML
     cannot hold, and which print as nothing) become escapes."""
     out = []

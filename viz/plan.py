@@ -34,19 +34,19 @@ from tinygrad_attn.compiler.capture import View, slot_indices
 from tinygrad_attn.compiler.plan import Plan
 
 from .graph import (
-    _CLUSTER_FILL,
-    _FONT,
-    _INPUT_FILL,
-    _PARAM_EDGE,
-    _PARAM_FILL,
+    CLUSTER_FILL,
+    FONT,
+    INPUT_FILL,
+    PARAM_EDGE,
+    PARAM_FILL,
+    Cluster,
     Drawing,
-    _Cluster,
-    _Drawing,
-    _outermost_match,
-    _parse_collapse,
-    _scope_kind,
-    _wrap,
+    GraphLayout,
     draw_plans_with,
+    outermost_match,
+    parse_collapse,
+    scope_kind,
+    wrap_label,
 )
 
 __all__ = ["plan_of", "plan_graph"]
@@ -154,9 +154,9 @@ class _PlanDrawing:
     """One drawing of a plan: nodes for calls, arguments and bound arrays; boxes by scope."""
 
     # The scope tree is laid out as the engine's graphs lay theirs (graph.py).
-    _place = _Drawing._place
-    _write_cluster = _Drawing._write_cluster
-    _write_nodes = staticmethod(_Drawing._write_nodes)
+    _place = GraphLayout._place
+    _write_cluster = GraphLayout._write_cluster
+    _write_nodes = staticmethod(GraphLayout._write_nodes)
 
     def __init__(self, plan: Plan, patterns: tuple, rankdir: str):
         self.plan, self.rankdir = plan, rankdir
@@ -166,7 +166,7 @@ class _PlanDrawing:
         if patterns:
             boxes: dict[str, str] = {}                       # scope -> its box node
             for call in self.calls:
-                scope = _outermost_match(call.scope, patterns) if call.scope else None
+                scope = outermost_match(call.scope, patterns) if call.scope else None
                 if scope is not None:
                     name = boxes.setdefault(scope, f"box{len(boxes)}")
                     self.boxes.setdefault(name, (scope, []))[1].append(call.kernel)
@@ -200,11 +200,11 @@ class _PlanDrawing:
 
     def digraph(self) -> Drawing:
         g = Drawing(name=self.plan.name, strict=False)
-        g.attr(rankdir=self.rankdir, fontname=_FONT, nodesep="0.2", ranksep="0.3", newrank="true",
+        g.attr(rankdir=self.rankdir, fontname=FONT, nodesep="0.2", ranksep="0.3", newrank="true",
                nslimit="2", label=f"{self.plan.name}: {self.plan.calls} kernel calls", labelloc="t")
-        g.attr("node", fontname=_FONT, height="0.3", margin="0.08,0.03")
-        g.attr("edge", fontname=_FONT, fontsize="8", arrowsize="0.6")
-        tree = {"": _Cluster()}
+        g.attr("node", fontname=FONT, height="0.3", margin="0.08,0.03")
+        g.attr("edge", fontname=FONT, fontsize="8", arrowsize="0.6")
+        tree = {"": Cluster()}
         statements: dict[str, tuple[str, dict]] = {}
         producer: dict[str, str] = {}
         edges: dict[tuple[str, str], set] = {}
@@ -228,16 +228,16 @@ class _PlanDrawing:
         for name, (scope, kernels) in self.boxes.items():
             counts = {k: kernels.count(k) for k in dict.fromkeys(kernels)}
             listed = ", ".join(f"{k} ×{n}" if n > 1 else k for k, n in counts.items())
-            label = f"{scope.rsplit('/', 1)[-1]}\\n{len(kernels)} kernel calls: {_wrap(listed, 28)}"
+            label = f"{scope.rsplit('/', 1)[-1]}\\n{len(kernels)} kernel calls: {wrap_label(listed, 28)}"
             statements[name] = (label, {"shape": "box3d", "style": "filled", "margin": "0.12,0.08",
-                                        "fontsize": "10", "fillcolor": _CLUSTER_FILL[_scope_kind(scope)]})
+                                        "fontsize": "10", "fillcolor": CLUSTER_FILL[scope_kind(scope)]})
             parent = scope.rsplit("/", 1)[0] if "/" in scope else ""
             first = min(c.number for c in self.calls if self.rep[f"k{c.number}"] == name)
             self._place(tree, parent, name, first)
         for source in dict.fromkeys(s for s, _ in edges):
             if source.startswith("a_"):
                 statements[source] = (source[2:], {"shape": "ellipse", "style": "filled",
-                                                   "fillcolor": _INPUT_FILL, "fontsize": "10"})
+                                                   "fillcolor": INPUT_FILL, "fontsize": "10"})
             elif source.startswith("e_"):
                 statements[source] = self._external_node(source[2:])
             else:
@@ -249,7 +249,7 @@ class _PlanDrawing:
             if source.startswith("e_"):
                 # Bound arrays feed forward and the update at the end: only the edge to the first
                 # use pulls on the layout, as a weight's edges do in the engine's graphs.
-                attrs.update(color=_PARAM_EDGE, penwidth="0.7",
+                attrs.update(color=PARAM_EDGE, penwidth="0.7",
                              weight="1" if first_use[source] == target else "0")
             marks = sorted(f"x{leaf}" for leaf in leaves if leaf is not None)
             if marks:
@@ -270,7 +270,7 @@ class _PlanDrawing:
         shape = getattr(value, "shape", None)
         label = name.removeprefix("p_") + ("" if shape is None else f"\\n{tuple(shape)}")
         if name.startswith("p_"):           # a parameter, by the name the engine gave it
-            return label, {"shape": "box", "style": "filled", "fillcolor": _PARAM_FILL, "color": "#4a6fa5",
+            return label, {"shape": "box", "style": "filled", "fillcolor": PARAM_FILL, "color": "#4a6fa5",
                            "fontsize": "10"}
         return label, {"shape": "box", "style": "filled", "fillcolor": "#eeeeee", "color": "#bbbbbb",
                        "fontcolor": "#555555", "fontsize": "8", "height": "0.2", "margin": "0.04,0.02"}
@@ -285,7 +285,7 @@ def plan_graph(plan: Plan, collapse=None, rankdir: str = "TB") -> Drawing:
     patterns whose calls are drawn as one box each (as ``graph``'s), ``rankdir`` as there."""
     if rankdir not in ("TB", "LR", "BT", "RL"):
         raise ValueError(f"graph(): rankdir must be 'TB', 'LR', 'BT' or 'RL', got {rankdir!r}")
-    keep_steps, patterns = _parse_collapse(collapse)
+    keep_steps, patterns = parse_collapse(collapse)
     if keep_steps is not None:
         raise ValueError(f"graph(): a plan has no unrolled steps to keep; collapse a plan by scope names "
                          f"(collapse='attention', '*/*'), got {collapse!r}")

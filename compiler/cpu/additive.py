@@ -7,7 +7,7 @@ import numpy as np
 from numba import njit, prange
 
 from .. import reference
-from ..numba_support import FAST, _like, _tanh, parallel_min
+from ..numba_support import FAST, cast_like, parallel_min, typed_tanh
 
 # Below this many tanh evaluations (at a 10 µs launch; scaled by _scaled) a serial kernel
 # wins: a core runs ~2000 float32 (q + k) tanh products a microsecond, so a second thread
@@ -21,9 +21,9 @@ def _additive_row(q_i, k_n, v, e_i):
     """e_i[j] = v . tanh(q_i + k_n[j]) for one query of one batch entry."""
     for j in range(k_n.shape[0]):
         k_j = k_n[j]
-        total = _like(q_i[0], 0.0)
+        total = cast_like(q_i[0], 0.0)
         for a in range(q_i.shape[0]):
-            total += v[a] * _tanh(q_i[a] + k_j[a])
+            total += v[a] * typed_tanh(q_i[a] + k_j[a])
         e_i[j] = total
 
 
@@ -53,9 +53,9 @@ def _additive_back_entry(q_n, k_n, v, de_n, dq_n, dk_n, dv_n):
                 continue
             k_j, dk_j = k_n[j], dk_n[j]
             for a in range(q_i.shape[0]):
-                t = _tanh(q_i[a] + k_j[a])
+                t = typed_tanh(q_i[a] + k_j[a])
                 dv_n[a] += d * t
-                g = d * (_like(t, 1.0) - t * t) * v[a]                # d e / d(q_i + k_j)
+                g = d * (cast_like(t, 1.0) - t * t) * v[a]                # d e / d(q_i + k_j)
                 dq_i[a] += g
                 dk_j[a] += g
 

@@ -13,15 +13,15 @@ import numpy as np
 from numba import njit
 
 from .. import reference, threads
-from ..numba_support import FAST, _exp, _like
+from ..numba_support import FAST, cast_like, typed_exp
 from .attention_small import (
-    _sdpa_small_back_serial,
-    _sdpa_small_serial,
     sdpa_back_batched,
     sdpa_batched,
     sdpa_prefix_serial,
+    sdpa_small_back_serial,
+    sdpa_small_serial,
 )
-from .softmax import _NO_MASK
+from .softmax import NO_MASK
 
 # ---------------------------------------------------------------- scaled dot-product attention
 
@@ -69,18 +69,18 @@ def _sdpa_online(s, mask, has_mask, causal, q_start, k_start, m, total, alpha):
             continue
         for j in range(stop, t_k):
             row[j] = 0.0
-        block_total = _like(row[0], 0.0)
+        block_total = cast_like(row[0], 0.0)
         if has_mask:
             for j in range(stop):
-                e = _exp(row[j] - m_new) if keep[k_start + j] else _like(row[0], 0.0)
+                e = typed_exp(row[j] - m_new) if keep[k_start + j] else cast_like(row[0], 0.0)
                 row[j] = e
                 block_total += e
         else:
             for j in range(stop):
-                e = _exp(row[j] - m_new)
+                e = typed_exp(row[j] - m_new)
                 row[j] = e
                 block_total += e
-        a = _exp(m_old - m_new)                 # 0 on the first block with m_old = -inf
+        a = typed_exp(m_old - m_new)                 # 0 on the first block with m_old = -inf
         alpha[i] = a
         total[i] = total[i] * a + block_total
         m[i] = m_new
@@ -101,7 +101,7 @@ def _sdpa_finish(acc, m, total, lse):
     for i in range(acc.shape[0]):
         row = acc[i]
         if total[i] > 0:
-            inv = _like(row[0], 1.0) / total[i]
+            inv = cast_like(row[0], 1.0) / total[i]
             for j in range(row.shape[0]):
                 row[j] *= inv
             lse[i] = m[i] + math.log(total[i])
@@ -126,10 +126,10 @@ def _sdpa_weights_from_lse(s, mask, has_mask, causal, q_start, k_start, lse):
             row[j] = 0.0
         if has_mask:
             for j in range(stop):
-                row[j] = _exp(row[j] - lse_i) if keep[k_start + j] else _like(row[0], 0.0)
+                row[j] = typed_exp(row[j] - lse_i) if keep[k_start + j] else cast_like(row[0], 0.0)
         else:
             for j in range(stop):
-                row[j] = _exp(row[j] - lse_i)
+                row[j] = typed_exp(row[j] - lse_i)
 
 
 @njit(cache=True, fastmath=FAST, nogil=True)
@@ -137,7 +137,7 @@ def _sdpa_dscores(p, dp, do, o):
     """In place: dp (b, K) -> ds = p * (dp - delta), the softmax backward, with each row's
     delta = do . o computed here."""
     for i in range(p.shape[0]):
-        d = _like(p[0, 0], 0.0)
+        d = cast_like(p[0, 0], 0.0)
         for j in range(do.shape[1]):
             d += do[i, j] * o[i, j]
         pr, dr = p[i], dp[i]
@@ -152,7 +152,7 @@ def _blocks(t, size):
 def _head_mask(mask, n):
     """The (T_q, T_k) mask of head n, and whether there is one."""
     if mask is None:
-        return _NO_MASK, False
+        return NO_MASK, False
     return mask[n if mask.shape[0] > 1 else 0], True
 
 
@@ -328,12 +328,12 @@ def _on_heads(kernel):
     return work
 
 
-_small_heads_work = _on_heads(_sdpa_small_serial)
-_small_back_heads_work = _on_heads(_sdpa_small_back_serial)
+_small_heads_work = _on_heads(sdpa_small_serial)
+_small_back_heads_work = _on_heads(sdpa_small_back_serial)
 
 
 def _small_mask(mask):
-    return (_NO_MASK[None], False) if mask is None else (np.ascontiguousarray(mask), True)
+    return (NO_MASK[None], False) if mask is None else (np.ascontiguousarray(mask), True)
 
 
 def _over_entries(work, q, k, *args):
@@ -359,7 +359,7 @@ def _sdpa_small(q, k, v, mask, scale, causal, with_weights=False):
         if _small_split(q, k):
             _over_heads(_small_heads_work, n, *args, blas=False)
         else:
-            _sdpa_small_serial(*args, 0, n)
+            sdpa_small_serial(*args, 0, n)
     return (o, lse, weights) if with_weights else (o, lse)
 
 
@@ -376,7 +376,7 @@ def _sdpa_small_back(q, k, v, o, lse, do, mask, scale, causal):
         if _small_split(q, k):
             _over_heads(_small_back_heads_work, n, *args, blas=False)
         else:
-            _sdpa_small_back_serial(*args, 0, n)
+            sdpa_small_back_serial(*args, 0, n)
     return dq, dk, dv
 
 
@@ -460,7 +460,7 @@ def sdpa_weights(q, k, lse, mask, scale, causal):
     s = np.matmul(q.transpose(0, 2, 1, 3) * q.dtype.type(scale), k.transpose(0, 2, 3, 1))
     s = s.reshape(-1, q.shape[1], k.shape[1])                                    # (N, T_q, T_k)
     has_mask = mask is not None
-    mask = np.ascontiguousarray(mask) if has_mask else _NO_MASK[None]
+    mask = np.ascontiguousarray(mask) if has_mask else NO_MASK[None]
     _sdpa_weights_rows(s, mask, has_mask, causal, lse)
     return s
 

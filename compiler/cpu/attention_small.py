@@ -3,7 +3,7 @@ of 20 x 20 scores, D = 32; a decoding step's one query a head), with q, k, v as 
 (head n = b H + h reads q[b, :, h] in place).  compiler/cpu/attention.py decides which of
 the two ways below runs and shares the heads (or batch entries) between threads.
 
-Few queries a head: one Numba sweep per head (``_sdpa_small_serial``, ``_sdpa_small_back_serial``),
+Few queries a head: one Numba sweep per head (``sdpa_small_serial``, ``sdpa_small_back_serial``),
 scores, softmax and weighted sums in registers.  Many: its loops over 20 keys or 32 features
 are too short for LLVM's vectorised loops (measured ~7 GFMA/s), so ``sdpa_batched`` and
 ``sdpa_back_batched`` hand every product to numpy's stacked matmul over the (B, H) heads, read
@@ -18,12 +18,12 @@ import math
 import numpy as np
 from numba import njit
 
-from ..numba_support import FAST, _exp, _like
+from ..numba_support import FAST, cast_like, typed_exp
 
 
 @njit(cache=True, fastmath=FAST, nogil=True)
 def _dot(a, b):
-    total = _like(a[0], 0.0)
+    total = cast_like(a[0], 0.0)
     for d in range(a.shape[0]):
         total += a[d] * b[d]
     return total
@@ -42,7 +42,7 @@ def _sdpa_small_head(n, q, k, v, mask, has_mask, causal, scale, o, lse, scores, 
         row = weights[n, i] if has_weights else scores
         keep = keep_all[i if has_mask else 0]
         stop = min(i + 1, t_k) if causal else t_k
-        m = _like(q_i[0], -np.inf)
+        m = cast_like(q_i[0], -np.inf)
         for j in range(stop):
             if has_mask and not keep[j]:
                 row[j] = -np.inf
@@ -59,9 +59,9 @@ def _sdpa_small_head(n, q, k, v, mask, has_mask, causal, scale, o, lse, scores, 
             for j in range(t_k):
                 row[j] = 0.0
             continue
-        total = _like(m, 0.0)
+        total = cast_like(m, 0.0)
         for j in range(stop):
-            p = _exp(row[j] - m)                     # masked: exp(-inf) = 0
+            p = typed_exp(row[j] - m)                     # masked: exp(-inf) = 0
             row[j] = p
             total += p
             v_j = v[b, j, h]
@@ -69,7 +69,7 @@ def _sdpa_small_head(n, q, k, v, mask, has_mask, causal, scale, o, lse, scores, 
                 o_i[d] += p * v_j[d]
         for j in range(stop, t_k):
             row[j] = 0.0
-        inv = _like(m, 1.0) / total
+        inv = cast_like(m, 1.0) / total
         for d in range(o_i.shape[0]):
             o_i[d] *= inv
         if has_weights:
@@ -79,7 +79,7 @@ def _sdpa_small_head(n, q, k, v, mask, has_mask, causal, scale, o, lse, scores, 
 
 
 @njit(cache=True, nogil=True)
-def _sdpa_small_serial(q, k, v, mask, has_mask, causal, scale, o, lse, weights, has_weights, start, stop):
+def sdpa_small_serial(q, k, v, mask, has_mask, causal, scale, o, lse, weights, has_weights, start, stop):
     scores = np.empty(k.shape[1], dtype=q.dtype)
     for n in range(start, stop):
         _sdpa_small_head(n, q, k, v, mask, has_mask, causal, scale, o, lse, scores, weights, has_weights)
@@ -95,21 +95,21 @@ def sdpa_prefix_serial(q, k, v, count, scale, o):
     for n in range(q.shape[0]):
         for i in range(q.shape[1]):
             q_i, o_i = q[n, i], o[n, i]
-            m = _like(q_i[0], -np.inf)
+            m = cast_like(q_i[0], -np.inf)
             for j in range(count):
                 e = _dot(q_i, k[n, j]) * scale
                 scores[j] = e
                 m = max(m, e)
             for d in range(o_i.shape[0]):
                 o_i[d] = 0.0
-            total = _like(m, 0.0)
+            total = cast_like(m, 0.0)
             for j in range(count):
-                p = _exp(scores[j] - m)
+                p = typed_exp(scores[j] - m)
                 total += p
                 v_j = v[n, j]
                 for d in range(o_i.shape[0]):
                     o_i[d] += p * v_j[d]
-            inv = _like(m, 1.0) / total
+            inv = cast_like(m, 1.0) / total
             for d in range(o_i.shape[0]):
                 o_i[d] *= inv
 
@@ -133,7 +133,7 @@ def _sdpa_small_back_head(n, q, k, v, o, lse, do, mask, has_mask, causal, scale,
             if has_mask and not keep[j]:
                 continue
             k_j, v_j, dk_j, dv_j = k[b, j, h], v[b, j, h], dk[b, j, h], dv[b, j, h]
-            p = _exp(_dot(q_i, k_j) * scale - lse_i)
+            p = typed_exp(_dot(q_i, k_j) * scale - lse_i)
             ds = p * (_dot(do_i, v_j) - delta)
             for d in range(dv_j.shape[0]):
                 dv_j[d] += p * do_i[d]
@@ -145,7 +145,7 @@ def _sdpa_small_back_head(n, q, k, v, o, lse, do, mask, has_mask, causal, scale,
 
 
 @njit(cache=True, nogil=True)
-def _sdpa_small_back_serial(q, k, v, o, lse, do, mask, has_mask, causal, scale, dq, dk, dv, start, stop):
+def sdpa_small_back_serial(q, k, v, o, lse, do, mask, has_mask, causal, scale, dq, dk, dv, start, stop):
     for n in range(start, stop):
         _sdpa_small_back_head(n, q, k, v, o, lse, do, mask, has_mask, causal, scale, dq, dk, dv)
 
@@ -158,7 +158,7 @@ def _exp_all(flat):
     """In place, one long loop that LLVM vectorises (a row's 20 keys are too few for that:
     the exps, row by row, took ~45 ns a row of 20 against ~5 this way)."""
     for t in range(flat.shape[0]):
-        flat[t] = _exp(flat[t])
+        flat[t] = typed_exp(flat[t])
 
 
 @njit(cache=True, fastmath=FAST, nogil=True, error_model="numpy")
@@ -169,7 +169,7 @@ def _shift_scores(s, mask, has_mask, causal, scale, shift, by_max):
     shift holds each row's lse, -inf likewise."""
     n, t_q, t_k = s.shape
     last_mask = mask.shape[0] - 1
-    hidden = _like(scale, -np.inf)
+    hidden = cast_like(scale, -np.inf)
     for a in range(n):
         keep_all = mask[min(a, last_mask)]
         for i in range(t_q):
@@ -204,11 +204,11 @@ def _softmax_scores(s, mask, has_mask, causal, scale, lse):
     for a in range(s.shape[0]):
         for i in range(s.shape[1]):
             row = s[a, i]
-            total = _like(scale, 0.0)
+            total = cast_like(scale, 0.0)
             for j in range(row.shape[0]):
                 total += row[j]
             if total > 0:
-                inv = _like(scale, 1.0) / total
+                inv = cast_like(scale, 1.0) / total
                 for j in range(row.shape[0]):
                     row[j] *= inv
                 lse[a, i] += math.log(total)
@@ -227,7 +227,7 @@ def _dscores(s, dp, mask, has_mask, causal, scale, lse, o, do):
         b, h = a // heads, a % heads
         for i in range(s.shape[1]):
             p, ds, o_i, do_i = s[a, i], dp[a, i], o[b, i, h], do[b, i, h]
-            delta = _like(scale, 0.0)
+            delta = cast_like(scale, 0.0)
             for d in range(o_i.shape[0]):
                 delta += do_i[d] * o_i[d]
             for j in range(p.shape[0]):

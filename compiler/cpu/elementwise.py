@@ -26,7 +26,7 @@ import math
 
 from numba import boolean, float32, float64, vectorize
 
-from {numba_support.__name__} import FAST, _exp, _like, _tanh
+from {numba_support.__name__} import FAST, typed_exp, cast_like, typed_tanh
 '''
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..numba_support import FAST, _like, _sigmoid, _tanh, parallel_min
+from ..numba_support import FAST, cast_like, parallel_min, typed_sigmoid, typed_tanh
 
 __all__ = ["KERNELS", "PARALLEL_MIN_ENTRIES"]
 
@@ -50,9 +50,9 @@ def _gru_gates_row(gi, gh, h_prev, h, gates):
     gh_r, gh_z, gh_n = gh[:hidden], gh[hidden : 2 * hidden], gh[2 * hidden :]
     r, z, n = gates[:hidden], gates[hidden : 2 * hidden], gates[2 * hidden :]
     for j in range(hidden):
-        rj = _sigmoid(gi_r[j] + gh_r[j])
-        zj = _sigmoid(gi_z[j] + gh_z[j])
-        nj = _tanh(gi_n[j] + rj * gh_n[j])
+        rj = typed_sigmoid(gi_r[j] + gh_r[j])
+        zj = typed_sigmoid(gi_z[j] + gh_z[j])
+        nj = typed_tanh(gi_n[j] + rj * gh_n[j])
         r[j] = rj
         z[j] = zj
         n[j] = nj
@@ -68,7 +68,7 @@ def _gru_gates_back_row(gates, gh, h_prev, dh, dgi, dgh, dh_prev):
     dgh_r, dgh_z, dgh_n = dgh[:hidden], dgh[hidden : 2 * hidden], dgh[2 * hidden :]
     for j in range(hidden):
         rj, zj, nj, dhj = r[j], z[j], n[j], dh[j]
-        one = _like(rj, 1.0)
+        one = cast_like(rj, 1.0)
         dn = dhj * (one - zj) * (one - nj * nj)
         dz = dhj * (h_prev[j] - nj) * zj * (one - zj)
         dr = dn * gh_n[j] * rj * (one - rj)
@@ -157,9 +157,9 @@ def _lstm_cell_state_row(gates, c_prev, c, act):
     gates_i, gates_f, gates_g = gates[:hidden], gates[hidden : 2 * hidden], gates[2 * hidden : 3 * hidden]
     i, f, g = act[:hidden], act[hidden : 2 * hidden], act[2 * hidden :]
     for j in range(hidden):
-        ij = _sigmoid(gates_i[j])
-        fj = _sigmoid(gates_f[j])
-        gj = _tanh(gates_g[j])
+        ij = typed_sigmoid(gates_i[j])
+        fj = typed_sigmoid(gates_f[j])
+        gj = typed_tanh(gates_g[j])
         i[j] = ij
         f[j] = fj
         g[j] = gj
@@ -174,7 +174,7 @@ def _lstm_cell_state_back_row(act, c_prev, dc, dgates, dc_prev):
     dgates_g, dgates_o = dgates[2 * hidden : 3 * hidden], dgates[3 * hidden :]
     for j in range(hidden):
         ij, fj, gj, dcj = i[j], f[j], g[j], dc[j]
-        one = _like(ij, 1.0)
+        one = cast_like(ij, 1.0)
         dgates_i[j] = dcj * gj * ij * (one - ij)
         dgates_f[j] = dcj * c_prev[j] * fj * (one - fj)
         dgates_g[j] = dcj * ij * (one - gj * gj)
@@ -188,8 +188,8 @@ def _lstm_hidden_row(gates, c, h, act):
     gates_o = gates[3 * hidden :]
     o, tanh_c = act[:hidden], act[hidden:]
     for j in range(hidden):
-        oj = _sigmoid(gates_o[j])
-        tj = _tanh(c[j])
+        oj = typed_sigmoid(gates_o[j])
+        tj = typed_tanh(c[j])
         o[j] = oj
         tanh_c[j] = tj
         h[j] = oj * tj
@@ -204,7 +204,7 @@ def _lstm_hidden_back_row(act, dh, dgates, dc):
         dgates[j] = 0.0
     for j in range(hidden):
         oj, tj, dhj = o[j], tanh_c[j], dh[j]
-        one = _like(oj, 1.0)
+        one = cast_like(oj, 1.0)
         dgates_o[j] = dhj * tj * oj * (one - oj)
         dc[j] = dhj * oj * (one - tj * tj)
 

@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit, prange
 
 from .. import reference
-from ..numba_support import FAST, _exp, _like, parallel_min
+from ..numba_support import FAST, cast_like, parallel_min, typed_exp
 
 # Each row kernel is a function of one row index (``_*_row``) run by a serial or a parallel
 # loop.  Waking the second thread costs 9-90 µs (numba_support.launch_us), so small inputs
@@ -26,24 +26,24 @@ def _softmax_row(r, x, mask, has_mask, out):
     when has_mask (else every entry; mask is then a dummy)."""
     row, y = x[r], out[r]
     keep = mask[r if has_mask else 0]
-    m = _like(row[0], -np.inf)
+    m = cast_like(row[0], -np.inf)
     for j in range(row.shape[0]):
         if keep[j] or not has_mask:
             m = max(m, row[j])
     if not math.isfinite(m):
-        m = _like(row[0], 0.0)                   # nothing finite: exp gives zeros below
+        m = cast_like(row[0], 0.0)                   # nothing finite: exp gives zeros below
     total = 0.0
     if has_mask:
         for j in range(row.shape[0]):
-            e = _exp(row[j] - m) if keep[j] else _like(row[0], 0.0)
+            e = typed_exp(row[j] - m) if keep[j] else cast_like(row[0], 0.0)
             y[j] = e
             total += e
     else:
         for j in range(row.shape[0]):
-            e = _exp(row[j] - m)
+            e = typed_exp(row[j] - m)
             y[j] = e
             total += e
-    scale = _like(row[0], 1.0 / total if total > 0 else 0.0)
+    scale = cast_like(row[0], 1.0 / total if total > 0 else 0.0)
     for j in range(row.shape[0]):
         y[j] *= scale
 
@@ -54,7 +54,7 @@ def _softmax_back_row(r, y, dy, dx):
     s = 0.0
     for j in range(yr.shape[0]):
         s += yr[j] * dyr[j]
-    s = _like(yr[0], s)
+    s = cast_like(yr[0], s)
     for j in range(yr.shape[0]):
         dxr[j] = yr[j] * (dyr[j] - s)
 
@@ -63,14 +63,14 @@ def _softmax_back_row(r, y, dy, dx):
 def _row_logsumexp(row):
     """log(sum(exp(row))), shifted by the row max so exp never overflows.  A row with
     nothing finite gives 0 (not NaN): x - 0 = -inf is then the log of softmax's zeros."""
-    m = _like(row[0], -np.inf)
+    m = cast_like(row[0], -np.inf)
     for j in range(row.shape[0]):
         m = max(m, row[j])
     if not math.isfinite(m):
-        m = _like(row[0], 0.0)
+        m = cast_like(row[0], 0.0)
     total = 0.0
     for j in range(row.shape[0]):
-        total += _exp(row[j] - m)
+        total += typed_exp(row[j] - m)
     return m + math.log(total) if total > 0 else m
 
 
@@ -88,9 +88,9 @@ def _log_softmax_back_row(r, y, dy, dx):
     s = 0.0
     for j in range(yr.shape[0]):
         s += dyr[j]
-    s = _like(yr[0], s)
+    s = cast_like(yr[0], s)
     for j in range(yr.shape[0]):
-        dxr[j] = dyr[j] - _exp(yr[j]) * s
+        dxr[j] = dyr[j] - typed_exp(yr[j]) * s
 
 
 @njit(cache=True, fastmath=FAST)
@@ -109,7 +109,7 @@ def _cross_entropy_back_row(r, logits, lse, target, ignore_index, dloss, dx):
         return
     g = dloss[r]
     for j in range(row.shape[0]):
-        out[j] = _exp(row[j] - lse[r]) * g
+        out[j] = typed_exp(row[j] - lse[r]) * g
     out[target[r]] -= g
 
 
@@ -194,7 +194,7 @@ def _pick(serial, parallel, x):
 
 # ---------------------------------------------------------------- softmax and log-softmax
 
-_NO_MASK = np.ones((1, 1), dtype=np.bool_)   # a (1, 1) stand-in for kernels told has_mask=False
+NO_MASK = np.ones((1, 1), dtype=np.bool_)   # a (1, 1) stand-in for kernels told has_mask=False
 
 
 def _rows(x):
@@ -208,7 +208,7 @@ def softmax(x, axis):
     if x.size == 0 or axis not in (-1, x.ndim - 1):
         return reference.softmax(x, axis)
     out = np.empty(x.shape, dtype=x.dtype)
-    _pick(_softmax_serial, _softmax_parallel, x)(_rows(x), _NO_MASK, False, _rows(out))
+    _pick(_softmax_serial, _softmax_parallel, x)(_rows(x), NO_MASK, False, _rows(out))
     return out
 
 

@@ -7,12 +7,12 @@ import math
 
 from numba import cuda
 
-from .device import THREADS, _blocks, _empty, _launch, _per_dtype
+from .device import THREADS, empty, launch, nblocks, per_dtype
 from .memory import zeros
-from .reduce import _sum
+from .reduce import sum_axes
 
 
-@_per_dtype
+@per_dtype
 def _additive_scores_kernel(nb_type, dtype):
     zero = dtype.type(0)
 
@@ -32,7 +32,7 @@ def _additive_scores_kernel(nb_type, dtype):
     return additive_scores_run
 
 
-@_per_dtype
+@per_dtype
 def _additive_scores_back_kernel(nb_type, dtype):
     zero, one = dtype.type(0), dtype.type(1)
 
@@ -63,23 +63,23 @@ def _additive_scores_back_kernel(nb_type, dtype):
 def additive_scores(q, k, v):
     """Bahdanau scores e[n, i, j] = v . tanh(q[n, i] + k[n, j]) for q (N, T_q, A),
     k (N, T_k, A), v (A,) -> (N, T_q, T_k); the (N, T_q, T_k, A) pairs are never stored."""
-    e = _empty((q.shape[0], q.shape[1], k.shape[1]), q.dtype)
+    e = empty((q.shape[0], q.shape[1], k.shape[1]), q.dtype)
     if e.size:
-        _launch(_additive_scores_kernel(q.dtype), _blocks(e.size), THREADS, e, q, k, v)
+        launch(_additive_scores_kernel(q.dtype), nblocks(e.size), THREADS, e, q, k, v)
     return e
 
 
 def additive_scores_back(q, k, v, de):
     # Every entry is written by the kernels below (a sum over no rows writes 0).
-    dq = _empty(q.shape, q.dtype)
-    dk = _empty(k.shape, k.dtype)
-    dv_parts = _empty(q.shape, q.dtype)                                         # (N, T_q, A)
+    dq = empty(q.shape, q.dtype)
+    dk = empty(k.shape, k.dtype)
+    dv_parts = empty(q.shape, q.dtype)                                         # (N, T_q, A)
     kernel = _additive_scores_back_kernel(q.dtype)
     if dq.size:
-        _launch(kernel, _blocks(dq.size), THREADS, dq, dv_parts, q, k, v, de, True)
+        launch(kernel, nblocks(dq.size), THREADS, dq, dv_parts, q, k, v, de, True)
     if dk.size:
-        _launch(kernel, _blocks(dk.size), THREADS, dk, dv_parts, k, q, v, de, False)
-    dv = _sum(dv_parts, (0, 1), False) if dv_parts.size else zeros(v.shape, v.dtype)
+        launch(kernel, nblocks(dk.size), THREADS, dk, dv_parts, k, q, v, de, False)
+    dv = sum_axes(dv_parts, (0, 1), False) if dv_parts.size else zeros(v.shape, v.dtype)
     return dq, dk, dv
 
 

@@ -13,12 +13,12 @@ from .device import (
     SDPA_ROWS,
     SHARED_BYTES,
     THREADS,
-    _blocks,
-    _empty,
-    _flat,
-    _launch,
-    _no_mask,
-    _per_dtype,
+    empty,
+    launch,
+    nblocks,
+    no_mask,
+    per_dtype,
+    ravel,
 )
 from .memory import zeros
 from .movement import permute, reshape
@@ -48,7 +48,7 @@ def _load_tile(shared, at, src, n, first, scale, zero):
         shared[at + idx] = src[n, r, idx % width] * scale if r < length else zero
 
 
-@_per_dtype
+@per_dtype
 def _sdpa_forward_kernel(nb_type, dtype):
     zero, one, neg_inf = dtype.type(0), dtype.type(1), dtype.type(-np.inf)
 
@@ -143,7 +143,7 @@ def _sdpa_delta_kernel(delta, do, o):
         delta[n, i] = acc
 
 
-@_per_dtype
+@per_dtype
 def _sdpa_dq_kernel(nb_type, dtype):
     zero, one, neg_inf = dtype.type(0), dtype.type(1), dtype.type(-np.inf)
 
@@ -202,7 +202,7 @@ def _sdpa_dq_kernel(nb_type, dtype):
     return sdpa_dq
 
 
-@_per_dtype
+@per_dtype
 def _sdpa_dkv_kernel(nb_type, dtype):
     zero, one, neg_inf = dtype.type(0), dtype.type(1), dtype.type(-np.inf)
 
@@ -276,7 +276,7 @@ def _sdpa_dkv_kernel(nb_type, dtype):
 
 
 def _sdpa_mask(mask):
-    return (mask, True) if mask is not None else (_no_mask(3), False)
+    return (mask, True) if mask is not None else (no_mask(3), False)
 
 
 def _heads_first(x):
@@ -303,8 +303,8 @@ def sdpa(q, k, v, mask, scale, causal, with_weights=False):
         return o, lse, sdpa_weights(q, k, lse, mask, scale, causal)
     n, t_q, d = q.shape
     d_v = v.shape[2]
-    o = _empty((n, t_q, d_v), q.dtype)
-    lse = _empty((n, t_q), q.dtype)
+    o = empty((n, t_q, d_v), q.dtype)
+    lse = empty((n, t_q), q.dtype)
     if n == 0 or t_q == 0:
         return o, lse
 
@@ -314,7 +314,7 @@ def sdpa(q, k, v, mask, scale, causal, with_weights=False):
     rows = _sdpa_rows(words, q.dtype.itemsize, "sdpa", q.shape)
     mask_arg, has_mask = _sdpa_mask(mask)
     grid = (-(-t_q // rows), min(n, MAX_GRID_AXIS))
-    _launch(_sdpa_forward_kernel(q.dtype), grid, rows, o, lse, q, k, v, mask_arg, has_mask,
+    launch(_sdpa_forward_kernel(q.dtype), grid, rows, o, lse, q, k, v, mask_arg, has_mask,
             q.dtype.type(scale), bool(causal), shared_bytes=rows * words(rows) * q.dtype.itemsize)
     return o, lse
 
@@ -331,10 +331,10 @@ def sdpa_back(q, k, v, o, lse, do, mask, scale, causal):
     if n == 0 or t_q == 0 or t_k == 0:
         return zeros(q.shape, q.dtype), zeros(k.shape, k.dtype), zeros(v.shape, v.dtype)
     # Every row of dq, dk and dv is written by one thread of the kernels below.
-    dq, dk, dv = _empty(q.shape, q.dtype), _empty(k.shape, k.dtype), _empty(v.shape, v.dtype)
-    delta = _empty((n, t_q), q.dtype) if d_v else zeros((n, t_q), q.dtype)
+    dq, dk, dv = empty(q.shape, q.dtype), empty(k.shape, k.dtype), empty(v.shape, v.dtype)
+    delta = empty((n, t_q), q.dtype) if d_v else zeros((n, t_q), q.dtype)
     if d_v:
-        _launch(_sdpa_delta_kernel, _blocks(n * t_q), THREADS, delta, do, o)
+        launch(_sdpa_delta_kernel, nblocks(n * t_q), THREADS, delta, do, o)
     mask_arg, has_mask = _sdpa_mask(mask)
     scale = q.dtype.type(scale)
     itemsize = q.dtype.itemsize
@@ -346,16 +346,16 @@ def sdpa_back(q, k, v, o, lse, do, mask, scale, causal):
         return 2 * (d + 1) + 2 * (d_v + 1) + d + d_v + 2
 
     rows = _sdpa_rows(dq_words, itemsize, "sdpa_back", q.shape)
-    _launch(_sdpa_dq_kernel(q.dtype), (-(-t_q // rows), min(n, MAX_GRID_AXIS)), rows, dq, q, k, v, lse, delta,
+    launch(_sdpa_dq_kernel(q.dtype), (-(-t_q // rows), min(n, MAX_GRID_AXIS)), rows, dq, q, k, v, lse, delta,
             do, mask_arg, has_mask, scale, bool(causal), shared_bytes=rows * dq_words(rows) * itemsize)
     rows = _sdpa_rows(dkv_words, itemsize, "sdpa_back", q.shape)
-    _launch(_sdpa_dkv_kernel(q.dtype), (-(-t_k // rows), min(n, MAX_GRID_AXIS)), rows, dk, dv, q, k, v, lse,
+    launch(_sdpa_dkv_kernel(q.dtype), (-(-t_k // rows), min(n, MAX_GRID_AXIS)), rows, dk, dv, q, k, v, lse,
             delta, do, mask_arg, has_mask, scale, bool(causal),
             shared_bytes=rows * dkv_words(rows) * itemsize)
     return dq, dk, dv
 
 
-@_per_dtype
+@per_dtype
 def _sdpa_weights_kernel(nb_type, dtype):
     zero = dtype.type(0)
 
@@ -386,15 +386,15 @@ def sdpa_weights(q, k, lse, mask, scale, causal):
     q, k = _heads_first(q), _heads_first(k)
     n, t_q, _ = q.shape
     t_k = k.shape[1]
-    p = _empty((n, t_q, t_k), q.dtype)
+    p = empty((n, t_q, t_k), q.dtype)
     if p.size:
         mask_arg, has_mask = _sdpa_mask(mask)
-        _launch(_sdpa_weights_kernel(q.dtype), _blocks(p.size), THREADS, p, q, k, lse, mask_arg, has_mask,
+        launch(_sdpa_weights_kernel(q.dtype), nblocks(p.size), THREADS, p, q, k, lse, mask_arg, has_mask,
                 q.dtype.type(scale), bool(causal))
     return p
 
 
-@_per_dtype
+@per_dtype
 def _sdpa_prefix_kernel(nb_type, dtype):
     zero, one, lowest = dtype.type(0), dtype.type(1), dtype.type(-np.inf)
 
@@ -438,9 +438,9 @@ def _sdpa_prefix_kernel(nb_type, dtype):
 def sdpa_prefix(q, k, v, position, scale):
     """reference.sdpa_prefix: q (N, T_q, D) over the keys 0 .. position of k (N, L, D),
     v (N, L, D_v); ``position`` a 0-d int device array, never read on the host."""
-    o = _empty(tuple(q.shape[:2]) + (v.shape[2],), q.dtype)
+    o = empty(tuple(q.shape[:2]) + (v.shape[2],), q.dtype)
     if o.size and k.shape[1]:
-        _launch(_sdpa_prefix_kernel(q.dtype), _blocks(o.size), THREADS, o, q, k, v, _flat(position),
+        launch(_sdpa_prefix_kernel(q.dtype), nblocks(o.size), THREADS, o, q, k, v, ravel(position),
                 q.dtype.type(scale))
     return o
 

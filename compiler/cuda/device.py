@@ -32,24 +32,24 @@ else:
 SHARED_BYTES = 48 * 1024
 
 
-def _launch(kernel, blocks, threads, *args, shared_bytes=0):
+def launch(kernel, blocks, threads, *args, shared_bytes=0):
     kernel[blocks, threads, 0, shared_bytes](*args)
 
 
-def _blocks(n: int, threads: int = THREADS) -> int:
+def nblocks(n: int, threads: int = THREADS) -> int:
     return max(1, min(MAX_BLOCKS, -(-n // threads)))
 
 
-def _empty(shape, dtype):
+def empty(shape, dtype):
     return cuda.device_array(tuple(int(n) for n in shape), dtype=np.dtype(dtype))
 
 
-def _flat(x):
+def ravel(x):
     """A 1-D view of a contiguous device array (kernels index flat arrays)."""
     return x.reshape(x.size)
 
 
-def _strides(shape) -> tuple[int, ...]:
+def c_strides(shape) -> tuple[int, ...]:
     """Element strides of a C-contiguous array of ``shape``."""
     strides, step = [], 1
     for n in reversed(shape):
@@ -58,14 +58,14 @@ def _strides(shape) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _broadcast_strides(shape, out_shape) -> tuple[int, ...]:
+def broadcast_strides(shape, out_shape) -> tuple[int, ...]:
     """Element strides that read an array of ``shape`` as if broadcast to ``out_shape``."""
-    own = _strides(shape)
+    own = c_strides(shape)
     lead = len(out_shape) - len(shape)
     return tuple(0 if i < lead or shape[i - lead] == 1 else own[i - lead] for i in range(len(out_shape)))
 
 
-def _collapse(shape, *strides):
+def collapse(shape, *strides):
     """Merge axes that every operand walks as one (and drop size-1 axes), so the index
     arithmetic of a strided kernel has as few axes as possible; at least one axis stays.
     Returns (shape, [strides per operand])."""
@@ -87,7 +87,7 @@ def _collapse(shape, *strides):
 
 
 @cuda.jit(device=True)
-def _at(i, shape, strides):
+def pos_at(i, shape, strides):
     """Offset of the i-th entry (C order) of ``shape`` in an array read with ``strides``."""
     offset = 0
     for d in range(len(shape) - 1, -1, -1):
@@ -96,7 +96,7 @@ def _at(i, shape, strides):
     return offset
 
 
-def _per_dtype(build):
+def per_dtype(build):
     """A kernel factory cached per dtype: ``build(numba_type, numpy_dtype)`` makes kernels
     whose shared arrays and constants have that dtype."""
     cache: dict = {}
@@ -111,6 +111,6 @@ def _per_dtype(build):
 
 
 @functools.cache
-def _no_mask(ndim: int):
+def no_mask(ndim: int):
     """A stand-in boolean array for kernels called without a mask (never read)."""
     return cuda.to_device(np.ones((1,) * ndim, dtype=np.bool_))

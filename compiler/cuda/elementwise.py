@@ -16,7 +16,7 @@ from numba import cuda
 from .. import reference
 from ..formulas import Kernel
 from ..source import compile_source
-from .device import THREADS, _at, _blocks, _broadcast_strides, _collapse, _empty, _flat, _launch, _strides
+from .device import THREADS, broadcast_strides, c_strides, collapse, empty, launch, nblocks, pos_at, ravel
 
 
 def _launcher_source(arrays: int, params: int, same_shape: bool) -> str:
@@ -28,8 +28,8 @@ def _launcher_source(arrays: int, params: int, same_shape: bool) -> str:
         signature = ["out", *names, *scalars]
         reads = [f"{n}[i]" for n in names]
     else:
-        signature = ["out", *(x for n in names for x in (n, f"{n}_strides")), "shape", *scalars]
-        reads = [f"{n}[_at(i, shape, {n}_strides)]" for n in names]
+        signature = ["out", *(x for n in names for x in (n, f"{n}c_strides")), "shape", *scalars]
+        reads = [f"{n}[pos_at(i, shape, {n}c_strides)]" for n in names]
     return (f"def run({', '.join(signature)}):\n"
             f"    for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):\n"
             f"        out[i] = f({', '.join([*reads, *scalars])})\n")
@@ -38,7 +38,7 @@ def _launcher_source(arrays: int, params: int, same_shape: bool) -> str:
 def _compile(kernel: Kernel, same_shape: bool):
     namespace = {"math": math}
     compile_source(kernel.scalar, f"<kernel {kernel.name}>", namespace)
-    scope = {"cuda": cuda, "_at": _at, "f": cuda.jit(device=True)(namespace[kernel.name])}
+    scope = {"cuda": cuda, "pos_at": pos_at, "f": cuda.jit(device=True)(namespace[kernel.name])}
     compile_source(_launcher_source(len(kernel.args), len(kernel.params), same_shape),
                    f"<kernel {kernel.name} launcher>", scope)
     return cuda.jit(scope["run"])
@@ -47,11 +47,11 @@ def _compile(kernel: Kernel, same_shape: bool):
 def _broadcast_launch(kernel, out_dtype, arrays, params=()):
     """Run a broadcasting kernel over the broadcast shape of ``arrays``; returns the output."""
     shape = tuple(np.broadcast_shapes(*(tuple(a.shape) for a in arrays)))
-    out = _empty(shape, out_dtype)
+    out = empty(shape, out_dtype)
     if out.size:
-        dims, strides = _collapse(shape, *(_broadcast_strides(a.shape, shape) for a in arrays))
-        operands = [x for a, st in zip(arrays, strides, strict=True) for x in (_flat(a), st)]
-        _launch(kernel, _blocks(out.size), THREADS, _flat(out), *operands, dims, *params)
+        dims, strides = collapse(shape, *(broadcast_strides(a.shape, shape) for a in arrays))
+        operands = [x for a, st in zip(arrays, strides, strict=True) for x in (ravel(a), st)]
+        launch(kernel, nblocks(out.size), THREADS, ravel(out), *operands, dims, *params)
     return out
 
 
@@ -79,9 +79,9 @@ def build(kernel: Kernel):
             params = tuple(dtype.type(p) for p in params) if dtype.kind == "f" else params
         if mapped is not None:
             (x,) = arrays
-            out = _empty(x.shape, dtype)
+            out = empty(x.shape, dtype)
             if out.size:
-                _launch(mapped, _blocks(out.size), THREADS, _flat(out), _flat(x), *params)
+                launch(mapped, nblocks(out.size), THREADS, ravel(out), ravel(x), *params)
             return out
         return _broadcast_launch(broadcast, dtype, arrays, params)
 
@@ -92,15 +92,15 @@ def build(kernel: Kernel):
 @cuda.jit
 def _add_into(out, out_strides, b, b_strides, shape):
     for i in range(cuda.grid(1), out.shape[0], cuda.gridsize(1)):
-        out[_at(i, shape, out_strides)] += b[_at(i, shape, b_strides)]
+        out[pos_at(i, shape, out_strides)] += b[pos_at(i, shape, b_strides)]
 
 
 def add_(a, b):
     """a += b in place (a contiguous; b broadcasts to a's shape), returning a."""
     if a.size:
-        dims, (a_strides, b_strides) = _collapse(a.shape, _strides(a.shape),
-                                                 _broadcast_strides(b.shape, a.shape))
-        _launch(_add_into, _blocks(a.size), THREADS, _flat(a), a_strides, _flat(b), b_strides, dims)
+        dims, (a_strides, b_strides) = collapse(a.shape, c_strides(a.shape),
+                                                 broadcast_strides(b.shape, a.shape))
+        launch(_add_into, nblocks(a.size), THREADS, ravel(a), a_strides, ravel(b), b_strides, dims)
     return a
 
 

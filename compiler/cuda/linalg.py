@@ -7,12 +7,12 @@ import math
 import numpy as np
 from numba import cuda
 
-from .device import MAX_GRID_AXIS, TILE, _at, _empty, _flat, _launch, _per_dtype, _strides
+from .device import MAX_GRID_AXIS, TILE, c_strides, empty, launch, per_dtype, pos_at, ravel
 from .memory import zeros
 from .movement import reshape
 
 
-@_per_dtype
+@per_dtype
 def _matmul_kernel(nb_type, dtype):
     zero = dtype.type(0)
 
@@ -26,8 +26,8 @@ def _matmul_kernel(nb_type, dtype):
         tx = cuda.threadIdx.x
         ty = cuda.threadIdx.y
         for z in range(cuda.blockIdx.z, n_batch, cuda.gridDim.z):
-            a0 = _at(z, batch_shape, a_batch)
-            b0 = _at(z, batch_shape, b_batch)
+            a0 = pos_at(z, batch_shape, a_batch)
+            b0 = pos_at(z, batch_shape, b_batch)
             for row0 in range(cuda.blockIdx.y * TILE, n, cuda.gridDim.y * TILE):
                 for col0 in range(cuda.blockIdx.x * TILE, m, cuda.gridDim.x * TILE):
                     row = row0 + ty
@@ -51,7 +51,7 @@ def _matmul_kernel(nb_type, dtype):
 
 def _batch_strides(x, batch) -> tuple[int, ...]:
     shape = tuple(x.shape[:-2])
-    own = _strides(x.shape)[:-2]
+    own = c_strides(x.shape)[:-2]
     lead = len(batch) - len(shape)
     return tuple(0 if i < lead or shape[i - lead] == 1 else own[i - lead] for i in range(len(batch)))
 
@@ -79,14 +79,14 @@ def _matmul(a, b, a_transposed, b_transposed):
     if inner == 0:
         out = zeros(batch + (n, m), dtype)
     else:
-        out = _empty(batch + (n, m), dtype)
+        out = empty(batch + (n, m), dtype)
     if out.size and inner:
         a_rs, a_cs = (1, a_cols) if a_transposed else (a_cols, 1)
         b_rs, b_cs = (1, b_cols) if b_transposed else (b_cols, 1)
         batch_shape, a_batch, b_batch = (batch, _batch_strides(a, batch), _batch_strides(b, batch)) if batch \
             else ((1,), (0,), (0,))
         grid = tuple(min(count, MAX_GRID_AXIS) for count in (-(-m // TILE), -(-n // TILE), n_batch))
-        _launch(_matmul_kernel(dtype), grid, (TILE, TILE), _flat(out), _flat(a), _flat(b), n, m, inner,
+        launch(_matmul_kernel(dtype), grid, (TILE, TILE), ravel(out), ravel(a), ravel(b), n, m, inner,
                 a_rs, a_cs, b_rs, b_cs, batch_shape, a_batch, b_batch, n_batch)
     if squeeze:
         shape = list(out.shape)

@@ -7,7 +7,7 @@ from numba import cuda
 
 from ..reference.memory import dropout_multiplier as _host_multiplier
 from ..reference.memory import guard_ids as _host_guard
-from .device import THREADS, _blocks, _empty, _flat, _launch
+from .device import THREADS, empty, launch, nblocks, ravel
 
 
 def _on_device(x) -> bool:
@@ -41,9 +41,9 @@ def _cast_kernel(out, x):
 
 
 def full(shape, value, dtype):
-    out = _empty(shape, dtype)
+    out = empty(shape, dtype)
     if out.size:
-        _launch(_fill_kernel, _blocks(out.size), THREADS, _flat(out), np.dtype(dtype).type(value))
+        launch(_fill_kernel, nblocks(out.size), THREADS, ravel(out), np.dtype(dtype).type(value))
     return out
 
 
@@ -52,9 +52,9 @@ def zeros(shape, dtype):
 
 
 def astype(x, dtype):
-    out = _empty(x.shape, dtype)
+    out = empty(x.shape, dtype)
     if out.size:
-        _launch(_cast_kernel, _blocks(out.size), THREADS, _flat(out), _flat(x))
+        launch(_cast_kernel, nblocks(out.size), THREADS, ravel(out), ravel(x))
     return out
 
 
@@ -89,7 +89,7 @@ def guard_ids(ids, rows, ignore, fail):
         # A kernel would compare unsigned ids with the signed bounds in floats: on the host.
         return _host_guard(to_numpy(ids), rows, ignore, fail)
     flag = zeros((1,), np.int8)
-    _launch(_ids_outside_kernel, _blocks(ids.size), THREADS, flag, _flat(ids), int(rows),
+    launch(_ids_outside_kernel, nblocks(ids.size), THREADS, flag, ravel(ids), int(rows),
             0 if ignore is None else int(ignore), ignore is not None)
     if to_numpy(flag)[0]:                      # the one host read a check needs
         fail(to_numpy(ids))

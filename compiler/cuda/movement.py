@@ -9,14 +9,14 @@ import math
 import numpy as np
 from numba import cuda
 
-from .device import THREADS, _at, _blocks, _broadcast_strides, _collapse, _empty, _flat, _launch, _strides
+from .device import THREADS, broadcast_strides, c_strides, collapse, empty, launch, nblocks, pos_at, ravel
 from .memory import zeros
 
 
 @cuda.jit
 def _strided_copy_kernel(dst, dst_offset, dst_strides, src, src_offset, src_strides, shape, n):
     for i in range(cuda.grid(1), n, cuda.gridsize(1)):
-        dst[dst_offset + _at(i, shape, dst_strides)] = src[src_offset + _at(i, shape, src_strides)]
+        dst[dst_offset + pos_at(i, shape, dst_strides)] = src[src_offset + pos_at(i, shape, src_strides)]
 
 
 def _copy_strided(dst, dst_offset, dst_strides, src, src_offset, src_strides, shape):
@@ -25,9 +25,9 @@ def _copy_strided(dst, dst_offset, dst_strides, src, src_offset, src_strides, sh
     n = math.prod(shape)
     if n == 0:
         return
-    dims, (dst_st, src_st) = _collapse(tuple(shape), tuple(dst_strides), tuple(src_strides))
-    _launch(_strided_copy_kernel, _blocks(n), THREADS, _flat(dst), int(dst_offset), dst_st,
-            _flat(src), int(src_offset), src_st, dims, n)
+    dims, (dst_st, src_st) = collapse(tuple(shape), tuple(dst_strides), tuple(src_strides))
+    launch(_strided_copy_kernel, nblocks(n), THREADS, ravel(dst), int(dst_offset), dst_st,
+            ravel(src), int(src_offset), src_st, dims, n)
 
 
 def reshape(x, shape):
@@ -38,16 +38,16 @@ def reshape(x, shape):
     if math.prod(shape) != x.size:
         raise ValueError(f"cannot reshape array of size {x.size} into shape {shape}")
     if x.size == 0:
-        return _empty(shape, x.dtype)        # a device array of size 0 has no memory to view
+        return empty(shape, x.dtype)        # a device array of size 0 has no memory to view
     return x.reshape(shape)
 
 
 def permute(x, axes):
     axes = tuple(int(a) % x.ndim for a in axes) if x.ndim else ()
     shape = tuple(x.shape[a] for a in axes)
-    out = _empty(shape, x.dtype)
-    own = _strides(x.shape)
-    _copy_strided(out, 0, _strides(shape), x, 0, tuple(own[a] for a in axes), shape)
+    out = empty(shape, x.dtype)
+    own = c_strides(x.shape)
+    _copy_strided(out, 0, c_strides(shape), x, 0, tuple(own[a] for a in axes), shape)
     return out
 
 
@@ -55,8 +55,8 @@ def broadcast_to(x, shape):
     shape = tuple(int(n) for n in shape)
     if tuple(np.broadcast_shapes(tuple(x.shape), shape)) != shape:
         raise ValueError(f"cannot broadcast an array of shape {tuple(x.shape)} to {shape}")
-    out = _empty(shape, x.dtype)
-    _copy_strided(out, 0, _strides(shape), x, 0, _broadcast_strides(x.shape, shape), shape)
+    out = empty(shape, x.dtype)
+    _copy_strided(out, 0, c_strides(shape), x, 0, broadcast_strides(x.shape, shape), shape)
     return out
 
 
@@ -70,7 +70,7 @@ def _view_geometry(shape, parts):
     """(offset, shape, strides) in elements of the view x[parts] of a C-contiguous x: numpy
     works them out on a stand-in int8 array (byte strides = element strides) whose memory is
     never read.  A new last axis keeps the result a view even when every axis is indexed."""
-    base = np.lib.stride_tricks.as_strided(np.zeros(1, np.int8), shape=tuple(shape), strides=_strides(shape))
+    base = np.lib.stride_tricks.as_strided(np.zeros(1, np.int8), shape=tuple(shape), strides=c_strides(shape))
     last = (None,) if any(part is Ellipsis for part in parts) else (Ellipsis, None)
     view = base[tuple(parts) + last]
     offset = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
@@ -99,13 +99,13 @@ def getitem(x, index):
     parts = index if isinstance(index, tuple) else (index,)
     if _is_basic(parts):
         offset, shape, strides = _view_geometry(x.shape, parts)
-        out = _empty(shape, x.dtype)
-        _copy_strided(out, 0, _strides(shape), x, offset, strides, shape)
+        out = empty(shape, x.dtype)
+        _copy_strided(out, 0, c_strides(shape), x, offset, strides, shape)
         return out
     positions = _positions(x.shape, index)
-    out = _empty(positions.shape, x.dtype)
+    out = empty(positions.shape, x.dtype)
     if out.size:
-        _launch(_gather_kernel, _blocks(out.size), THREADS, _flat(out), _flat(x),
+        launch(_gather_kernel, nblocks(out.size), THREADS, ravel(out), ravel(x),
                 cuda.to_device(positions.reshape(-1)))
     return out
 
@@ -117,12 +117,12 @@ def getitem_back(shape, index, dy):
     if _is_basic(parts):
         # A basic index picks each entry at most once: a plain strided copy.
         offset, view_shape, strides = _view_geometry(shape, parts)
-        _copy_strided(dx, offset, strides, dy, 0, _strides(view_shape), view_shape)
+        _copy_strided(dx, offset, strides, dy, 0, c_strides(view_shape), view_shape)
         return dx
     positions = _positions(tuple(shape), index).reshape(-1)
     if positions.size:
-        _launch(_scatter_add_kernel, _blocks(positions.size), THREADS, _flat(dx), cuda.to_device(positions),
-                _flat(dy))
+        launch(_scatter_add_kernel, nblocks(positions.size), THREADS, ravel(dx), cuda.to_device(positions),
+                ravel(dy))
     return dx
 
 
@@ -131,11 +131,11 @@ def cat(xs, axis):
     axis = int(axis) % ndim
     shape = list(xs[0].shape)
     shape[axis] = sum(x.shape[axis] for x in xs)
-    out = _empty(shape, np.result_type(*(x.dtype for x in xs)))
-    out_strides = _strides(shape)
+    out = empty(shape, np.result_type(*(x.dtype for x in xs)))
+    out_strides = c_strides(shape)
     start = 0
     for x in xs:
-        _copy_strided(out, start * out_strides[axis], out_strides, x, 0, _strides(x.shape), x.shape)
+        _copy_strided(out, start * out_strides[axis], out_strides, x, 0, c_strides(x.shape), x.shape)
         start += x.shape[axis]
     return out
 
@@ -144,13 +144,13 @@ def split(x, sizes, axis):
     """Inverse of cat: pieces of ``x`` along ``axis`` with the given sizes (the last piece
     takes whatever remains, as numpy's split)."""
     axis = int(axis) % x.ndim
-    own = _strides(x.shape)
+    own = c_strides(x.shape)
     bounds = [min(int(b), x.shape[axis]) for b in np.cumsum(sizes)[:-1]]
     pieces = []
     for start, stop in zip([0] + bounds, bounds + [x.shape[axis]], strict=True):
         shape = x.shape[:axis] + (max(stop - start, 0),) + x.shape[axis + 1:]
-        piece = _empty(shape, x.dtype)
-        _copy_strided(piece, 0, _strides(shape), x, start * own[axis], own, shape)
+        piece = empty(shape, x.dtype)
+        _copy_strided(piece, 0, c_strides(shape), x, start * own[axis], own, shape)
         pieces.append(piece)
     return pieces
 
@@ -187,9 +187,9 @@ def _embedding_back_kernel(dw, ids, dy, padding_idx, dim):
 
 def embedding(weight, ids):
     dim = weight.shape[1]
-    out = _empty(tuple(ids.shape) + (dim,), weight.dtype)
+    out = empty(tuple(ids.shape) + (dim,), weight.dtype)
     if out.size:
-        _launch(_embedding_kernel, _blocks(out.size), THREADS, _flat(out), _flat(weight), _flat(ids), dim)
+        launch(_embedding_kernel, nblocks(out.size), THREADS, ravel(out), ravel(weight), ravel(ids), dim)
     return out
 
 
@@ -199,7 +199,7 @@ def embedding_back(num_rows, ids, dy, padding_idx):
     dw = zeros((num_rows, dim), dy.dtype)
     if dy.size:
         padding = -1 if padding_idx is None else int(padding_idx) % num_rows
-        _launch(_embedding_back_kernel, _blocks(dy.size), THREADS, _flat(dw), _flat(ids), _flat(dy), padding,
+        launch(_embedding_back_kernel, nblocks(dy.size), THREADS, ravel(dw), ravel(ids), ravel(dy), padding,
                 dim)
     return dw
 
@@ -221,7 +221,7 @@ def write_at_(x, position, values, axis):
     n = math.prod(values.shape)
     if n:
         inner = math.prod(x.shape[axis + 1:])
-        _launch(_write_at_kernel, _blocks(n), THREADS, _flat(x), _flat(position), _flat(values),
+        launch(_write_at_kernel, nblocks(n), THREADS, ravel(x), ravel(position), ravel(values),
                 int(x.shape[axis]), int(inner), n)
     return x
 

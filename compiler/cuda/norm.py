@@ -9,12 +9,12 @@ import math
 import numpy as np
 from numba import cuda
 
-from .device import MAX_BLOCKS, ROW_THREADS, THREADS, _blocks, _empty, _flat, _launch, _per_dtype
+from .device import MAX_BLOCKS, ROW_THREADS, THREADS, empty, launch, nblocks, per_dtype, ravel
 from .memory import zeros
-from .reduce import _block_sum
+from .reduce import block_sum
 
 
-@_per_dtype
+@per_dtype
 def _layer_norm_kernel(nb_type, dtype):
     zero, one = dtype.type(0), dtype.type(1)
 
@@ -27,12 +27,12 @@ def _layer_norm_kernel(nb_type, dtype):
             acc = zero
             for j in range(t, n_cols, ROW_THREADS):
                 acc += x[base + j]
-            m = _block_sum(partial, acc) / n_cols
+            m = block_sum(partial, acc) / n_cols
             acc = zero
             for j in range(t, n_cols, ROW_THREADS):
                 c = x[base + j] - m
                 acc += c * c
-            s = one / math.sqrt(_block_sum(partial, acc) / n_cols + eps)
+            s = one / math.sqrt(block_sum(partial, acc) / n_cols + eps)
             if t == 0:
                 mean[row], rstd[row] = m, s
             for j in range(t, n_cols, ROW_THREADS):
@@ -46,7 +46,7 @@ def _layer_norm_kernel(nb_type, dtype):
     return layer_norm_rows
 
 
-@_per_dtype
+@per_dtype
 def _layer_norm_back_kernel(nb_type, dtype):
     zero = dtype.type(0)
 
@@ -62,8 +62,8 @@ def _layer_norm_back_kernel(nb_type, dtype):
                 g = dy[base + j] * weight[j] if has_weight else dy[base + j]
                 acc_g += g
                 acc_gx += g * (x[base + j] - m) * s
-            mean_g = _block_sum(partial, acc_g) / n_cols
-            mean_gx = _block_sum(partial, acc_gx) / n_cols
+            mean_g = block_sum(partial, acc_g) / n_cols
+            mean_gx = block_sum(partial, acc_gx) / n_cols
             for j in range(t, n_cols, ROW_THREADS):
                 g = dy[base + j] * weight[j] if has_weight else dy[base + j]
                 dx[base + j] = s * (g - mean_g - (x[base + j] - m) * s * mean_gx)
@@ -83,16 +83,16 @@ def _affine_grads_kernel(dweight, dbias, dy, x, mean, rstd, n_rows, n_cols):
 
 
 def _vector(p, like):
-    return p if p is not None else _empty((1,), like.dtype)
+    return p if p is not None else empty((1,), like.dtype)
 
 
 def layer_norm(x, weight, bias, eps):
     rows, cols = x.shape
-    y = _empty(x.shape, x.dtype)
-    mean, rstd = _empty((rows,), x.dtype), _empty((rows,), x.dtype)
+    y = empty(x.shape, x.dtype)
+    mean, rstd = empty((rows,), x.dtype), empty((rows,), x.dtype)
     if x.size:
-        _launch(_layer_norm_kernel(x.dtype), min(rows, MAX_BLOCKS), ROW_THREADS, _flat(y), mean, rstd,
-                _flat(x), cols, _vector(weight, x), _vector(bias, x), weight is not None, bias is not None,
+        launch(_layer_norm_kernel(x.dtype), min(rows, MAX_BLOCKS), ROW_THREADS, ravel(y), mean, rstd,
+                ravel(x), cols, _vector(weight, x), _vector(bias, x), weight is not None, bias is not None,
                 x.dtype.type(eps))
     elif rows:
         mean, rstd = (cuda.to_device(np.full(rows, np.nan, x.dtype)) for _ in range(2))
@@ -101,12 +101,12 @@ def layer_norm(x, weight, bias, eps):
 
 def layer_norm_back(dy, x, mean, rstd, weight):
     rows, cols = x.shape
-    dx = _empty(x.shape, x.dtype)
+    dx = empty(x.shape, x.dtype)
     dweight, dbias = zeros((cols,), x.dtype), zeros((cols,), x.dtype)
     if x.size:
-        _launch(_layer_norm_back_kernel(x.dtype), min(rows, MAX_BLOCKS), ROW_THREADS, _flat(dx), _flat(dy),
-                _flat(x), mean, rstd, cols, _vector(weight, x), weight is not None)
-        _launch(_affine_grads_kernel, _blocks(cols), THREADS, dweight, dbias, _flat(dy), _flat(x), mean, rstd,
+        launch(_layer_norm_back_kernel(x.dtype), min(rows, MAX_BLOCKS), ROW_THREADS, ravel(dx), ravel(dy),
+                ravel(x), mean, rstd, cols, _vector(weight, x), weight is not None)
+        launch(_affine_grads_kernel, nblocks(cols), THREADS, dweight, dbias, ravel(dy), ravel(x), mean, rstd,
                 rows, cols)
     return dx, (dweight if weight is not None else None), dbias
 

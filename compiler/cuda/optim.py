@@ -22,8 +22,8 @@ import math
 import numpy as np
 from numba import cuda, float64
 
-from .device import ROW_THREADS, THREADS, _blocks, _empty, _flat, _launch, _per_dtype
-from .reduce import _block_max, _block_sum
+from .device import ROW_THREADS, THREADS, empty, launch, nblocks, per_dtype, ravel
+from .reduce import block_max, block_sum
 
 __all__ = ["KERNELS"]
 
@@ -33,7 +33,7 @@ def _increment(step):
     step[0] += 1
 
 
-@_per_dtype
+@per_dtype
 def _adam_kernel(nb_type, dtype):
     cast = dtype.type
 
@@ -64,7 +64,7 @@ def _adam_kernel(nb_type, dtype):
     return adam
 
 
-@_per_dtype
+@per_dtype
 def _sgd_kernel(nb_type, dtype):
     cast = dtype.type
 
@@ -114,7 +114,7 @@ def _norm_kernel(norms, index, x, kind, p):
             acc += v
         else:
             acc += v**p
-    total = _block_max(partial, acc) if kind == 1 else _block_sum(partial, acc)
+    total = block_max(partial, acc) if kind == 1 else block_sum(partial, acc)
     if cuda.threadIdx.x == 0:
         if kind == 0:
             total = math.sqrt(total)
@@ -142,7 +142,7 @@ def _combine_kernel(out, norms, kind, p):
     out[0] = total
 
 
-@_per_dtype
+@per_dtype
 def _clip_kernel(nb_type, dtype):
     cast = dtype.type
 
@@ -160,20 +160,20 @@ def _clip_kernel(nb_type, dtype):
 
 def adam_(param, grad, exp_avg, exp_avg_sq, step, hyper) -> None:
     if param.size:
-        _launch(_adam_kernel(param.dtype), _blocks(param.size), THREADS, _flat(param), _flat(grad),
-                _flat(exp_avg), _flat(exp_avg_sq), _flat(step), hyper)
-    _launch(_increment, 1, 1, _flat(step))
+        launch(_adam_kernel(param.dtype), nblocks(param.size), THREADS, ravel(param), ravel(grad),
+                ravel(exp_avg), ravel(exp_avg_sq), ravel(step), hyper)
+    launch(_increment, 1, 1, ravel(step))
 
 
 def sgd_(param, grad, momentum_buffer, step, started, hyper) -> None:
     has_buffer = momentum_buffer is not None
-    buf = _flat(momentum_buffer) if has_buffer else _flat(param)        # unread without a buffer
+    buf = ravel(momentum_buffer) if has_buffer else ravel(param)        # unread without a buffer
     if param.size:
-        _launch(_sgd_kernel(param.dtype), _blocks(param.size), THREADS, _flat(param), _flat(grad), buf,
-                has_buffer, _flat(started), hyper)
+        launch(_sgd_kernel(param.dtype), nblocks(param.size), THREADS, ravel(param), ravel(grad), buf,
+                has_buffer, ravel(started), hyper)
     if has_buffer:
-        _launch(_mark_started, 1, 1, _flat(started), hyper)
-    _launch(_increment, 1, 1, _flat(step))
+        launch(_mark_started, 1, 1, ravel(started), hyper)
+    launch(_increment, 1, 1, ravel(step))
 
 
 def _kind(norm_type: float) -> int:
@@ -182,18 +182,18 @@ def _kind(norm_type: float) -> int:
 
 def grad_norm(grads, norm_type: float):
     kind, p = _kind(norm_type), float(norm_type)
-    norms = _empty((max(len(grads), 1),), np.float64)
+    norms = empty((max(len(grads), 1),), np.float64)
     for index, g in enumerate(grads):
-        _launch(_norm_kernel, 1, ROW_THREADS, norms, index, _flat(g), kind, p)
-    out = _empty((), np.float64)
-    _launch(_combine_kernel, 1, 1, _flat(out), norms[:len(grads)], kind, p)
+        launch(_norm_kernel, 1, ROW_THREADS, norms, index, ravel(g), kind, p)
+    out = empty((), np.float64)
+    launch(_combine_kernel, 1, 1, ravel(out), norms[:len(grads)], kind, p)
     return out
 
 
 def clip_(grads, total, max_norm: float) -> None:
     for g in grads:
         if g.size:
-            _launch(_clip_kernel(g.dtype), _blocks(g.size), THREADS, _flat(g), _flat(total), float(max_norm))
+            launch(_clip_kernel(g.dtype), nblocks(g.size), THREADS, ravel(g), ravel(total), float(max_norm))
 
 
 KERNELS = {"adam_": adam_, "sgd_": sgd_, "grad_norm": grad_norm, "clip_": clip_}

@@ -9,7 +9,7 @@ import numpy as np
 from numba import cuda
 
 from .. import formulas
-from .device import MAX_BLOCKS, ROW_THREADS, _empty, _flat, _launch, _per_dtype
+from .device import MAX_BLOCKS, ROW_THREADS, empty, launch, per_dtype, ravel
 from .elementwise import build
 from .memory import zeros
 from .movement import permute, reshape
@@ -26,11 +26,11 @@ def _rows_last(x, axes):
     """x as contiguous (rows, reduced) with ``axes`` moved last: a view when they already are."""
     order = tuple(d for d in range(x.ndim) if d not in axes) + tuple(axes)
     moved = x if order == tuple(range(x.ndim)) else permute(x, order)
-    return _flat(moved)
+    return ravel(moved)
 
 
 @cuda.jit(device=True)
-def _block_sum(partial, value):
+def block_sum(partial, value):
     """The sum of ``value`` over the block's threads (blockDim a power of 2), to every thread."""
     t = cuda.threadIdx.x
     partial[t] = value
@@ -47,7 +47,7 @@ def _block_sum(partial, value):
 
 
 @cuda.jit(device=True)
-def _block_max(partial, value):
+def block_max(partial, value):
     """The max of ``value`` over the block's threads; a NaN wins, as in numpy."""
     t = cuda.threadIdx.x
     partial[t] = value
@@ -65,7 +65,7 @@ def _block_max(partial, value):
     return best
 
 
-@_per_dtype
+@per_dtype
 def _sum_rows_kernel(nb_type, dtype):
     zero = dtype.type(0)
 
@@ -76,14 +76,14 @@ def _sum_rows_kernel(nb_type, dtype):
             acc = zero
             for j in range(cuda.threadIdx.x, n_cols, ROW_THREADS):
                 acc += x[row * n_cols + j]
-            total = _block_sum(partial, acc)
+            total = block_sum(partial, acc)
             if cuda.threadIdx.x == 0:
                 out[row] = total
 
     return sum_rows
 
 
-@_per_dtype
+@per_dtype
 def _max_rows_kernel(nb_type, dtype):
     @cuda.jit
     def max_rows(out, x, n_cols):
@@ -94,7 +94,7 @@ def _max_rows_kernel(nb_type, dtype):
                 v = x[row * n_cols + j]
                 if v > acc or v != v:
                     acc = v
-            best = _block_max(partial, acc)
+            best = block_max(partial, acc)
             if cuda.threadIdx.x == 0:
                 out[row] = best
 
@@ -109,19 +109,19 @@ def _reduce(x, axis, keepdims, kind):
     n_cols = math.prod(x.shape[d] for d in axes)
     n_rows = math.prod(shape)
     if n_rows == 0:
-        return _empty(shape, dtype)
+        return empty(shape, dtype)
     if n_cols == 0:
         if kind == "max":
             raise ValueError("zero-size array to reduction operation maximum which has no identity")
         return zeros(shape, dtype)
-    out = _empty(shape, dtype)
+    out = empty(shape, dtype)
     kernel = (_sum_rows_kernel if kind == "sum" else _max_rows_kernel)(dtype)
-    _launch(kernel, min(n_rows, MAX_BLOCKS), ROW_THREADS, _flat(out), _rows_last(x, axes), n_cols)
+    launch(kernel, min(n_rows, MAX_BLOCKS), ROW_THREADS, ravel(out), _rows_last(x, axes), n_cols)
     return out
 
 
-# The "sum" and "max" kernels are named _sum and _max here so that the builtins stay usable.
-def _sum(x, axis, keepdims):
+# The "sum" and "max" kernels are named sum_axes and _max here so that the builtins stay usable.
+def sum_axes(x, axis, keepdims):
     return _reduce(x, axis, keepdims, "sum")
 
 
@@ -138,7 +138,7 @@ def sum_to(x, shape):
     axes = tuple(range(lead)) + tuple(
         i + lead for i, n in enumerate(shape) if n == 1 and x.shape[i + lead] != 1
     )
-    return reshape(_sum(x, axes, True), shape)
+    return reshape(sum_axes(x, axes, True), shape)
 
 
 # The tied maxima share dy evenly: a formula of the compiler's own, generated as the ops' are.
@@ -158,10 +158,10 @@ def max_back(x, y_keep, dy_keep):
     equal, share = _kernels()
     hit = equal(x, y_keep)
     reduced = tuple(i for i, n in enumerate(y_keep.shape) if n == 1)
-    count = _sum(hit, reduced, True)
+    count = sum_axes(hit, reduced, True)
     return share(hit, dy_keep, count)
 
 
 # ---------------------------------------------------------------- the table
 
-KERNELS = {"sum": _sum, "max": _max, "sum_to": sum_to, "max_back": max_back}
+KERNELS = {"sum": sum_axes, "max": _max, "sum_to": sum_to, "max_back": max_back}

@@ -6,11 +6,11 @@ import math
 
 from numba import cuda
 
-from .device import THREADS, _blocks, _empty, _launch
+from .device import THREADS, empty, launch, nblocks
 
 
 @cuda.jit(device=True)
-def _sigmoid(x):
+def typed_sigmoid(x):
     """1 / (1 + e^-x), raising e to non-positive powers only (no overflow for a large |x|)."""
     e = math.exp(-abs(x))
     s = 1.0 / (1.0 + e)
@@ -23,8 +23,8 @@ def _gru_entry(h, gates, gi, gh, h_prev, b, c):
     hidden = h_prev.shape[1]
     # Each gate is read back once stored, so what follows uses exactly the rounded values
     # backward will see (as the reference, which computes in arrays of the input dtype).
-    gates[b, c] = _sigmoid(gi[b, c] + gh[b, c])
-    gates[b, hidden + c] = _sigmoid(gi[b, hidden + c] + gh[b, hidden + c])
+    gates[b, c] = typed_sigmoid(gi[b, c] + gh[b, c])
+    gates[b, hidden + c] = typed_sigmoid(gi[b, hidden + c] + gh[b, hidden + c])
     gates[b, 2 * hidden + c] = math.tanh(gi[b, 2 * hidden + c] + gates[b, c] * gh[b, 2 * hidden + c])
     n = gates[b, 2 * hidden + c]
     h[b, c] = n + gates[b, hidden + c] * (h_prev[b, c] - n)
@@ -101,8 +101,8 @@ def _lstm_cell_state_kernel(c_out, act, gates, c_prev):
     for flat in range(cuda.grid(1), c_out.shape[0] * hidden, cuda.gridsize(1)):
         b = flat // hidden
         j = flat % hidden
-        act[b, j] = _sigmoid(gates[b, j])
-        act[b, hidden + j] = _sigmoid(gates[b, hidden + j])
+        act[b, j] = typed_sigmoid(gates[b, j])
+        act[b, hidden + j] = typed_sigmoid(gates[b, hidden + j])
         act[b, 2 * hidden + j] = math.tanh(gates[b, 2 * hidden + j])
         c_out[b, j] = act[b, hidden + j] * c_prev[b, j] + act[b, j] * act[b, 2 * hidden + j]
 
@@ -130,7 +130,7 @@ def _lstm_hidden_kernel(h, act, gates, c):
     for flat in range(cuda.grid(1), h.shape[0] * hidden, cuda.gridsize(1)):
         b = flat // hidden
         j = flat % hidden
-        act[b, j] = _sigmoid(gates[b, 3 * hidden + j])
+        act[b, j] = typed_sigmoid(gates[b, 3 * hidden + j])
         act[b, hidden + j] = math.tanh(c[b, j])
         h[b, j] = act[b, j] * act[b, hidden + j]
 
@@ -153,15 +153,15 @@ def _lstm_hidden_back_kernel(dgates, dc, act, dh):
 
 def _cell_launch(kernel, batch, hidden, *args):
     if batch * hidden:
-        _launch(kernel, _blocks(batch * hidden), THREADS, *args)
+        launch(kernel, nblocks(batch * hidden), THREADS, *args)
 
 
 def gru_gates(gi, gh, h_prev, keep=None):
     """GRU cell after its products (see reference.gru_gates): -> (h (B, H), gates (B, 3H));
     ``keep`` an optional boolean (B, 1), False where a row keeps h_prev."""
     batch, hidden = h_prev.shape
-    h = _empty((batch, hidden), gi.dtype)
-    gates = _empty(gi.shape, gi.dtype)
+    h = empty((batch, hidden), gi.dtype)
+    gates = empty(gi.shape, gi.dtype)
     if keep is None:
         _cell_launch(_gru_gates_kernel, batch, hidden, h, gates, gi, gh, h_prev)
     else:
@@ -171,9 +171,9 @@ def gru_gates(gi, gh, h_prev, keep=None):
 
 def gru_gates_back(gates, gh, h_prev, dh, keep=None):
     batch, hidden = h_prev.shape
-    dgi = _empty(gates.shape, gates.dtype)
-    dgh = _empty(gates.shape, gates.dtype)
-    dh_prev = _empty((batch, hidden), gates.dtype)
+    dgi = empty(gates.shape, gates.dtype)
+    dgh = empty(gates.shape, gates.dtype)
+    dh_prev = empty((batch, hidden), gates.dtype)
     if keep is None:
         _cell_launch(_gru_gates_back_kernel, batch, hidden, dgi, dgh, dh_prev, gates, gh, h_prev, dh)
     else:
@@ -185,16 +185,16 @@ def gru_gates_back(gates, gh, h_prev, dh, keep=None):
 def lstm_cell_state(gates, c_prev):
     """LSTM cell state (see reference.lstm_cell_state): -> (c (B, H), act (B, 3H))."""
     batch, hidden = c_prev.shape
-    c = _empty((batch, hidden), gates.dtype)
-    act = _empty((batch, 3 * hidden), gates.dtype)
+    c = empty((batch, hidden), gates.dtype)
+    act = empty((batch, 3 * hidden), gates.dtype)
     _cell_launch(_lstm_cell_state_kernel, batch, hidden, c, act, gates, c_prev)
     return c, act
 
 
 def lstm_cell_state_back(act, c_prev, dc):
     batch, hidden = c_prev.shape
-    dgates = _empty((batch, 4 * hidden), act.dtype)
-    dc_prev = _empty((batch, hidden), act.dtype)
+    dgates = empty((batch, 4 * hidden), act.dtype)
+    dc_prev = empty((batch, hidden), act.dtype)
     _cell_launch(_lstm_cell_state_back_kernel, batch, hidden, dgates, dc_prev, act, c_prev, dc)
     return dgates, dc_prev
 
@@ -202,16 +202,16 @@ def lstm_cell_state_back(act, c_prev, dc):
 def lstm_hidden(gates, c):
     """LSTM hidden state (see reference.lstm_hidden): -> (h (B, H), act (B, 2H))."""
     batch, hidden = c.shape
-    h = _empty((batch, hidden), gates.dtype)
-    act = _empty((batch, 2 * hidden), gates.dtype)
+    h = empty((batch, hidden), gates.dtype)
+    act = empty((batch, 2 * hidden), gates.dtype)
     _cell_launch(_lstm_hidden_kernel, batch, hidden, h, act, gates, c)
     return h, act
 
 
 def lstm_hidden_back(act, dh):
     batch, hidden = dh.shape
-    dgates = _empty((batch, 4 * hidden), act.dtype)
-    dc = _empty((batch, hidden), act.dtype)
+    dgates = empty((batch, 4 * hidden), act.dtype)
+    dc = empty((batch, hidden), act.dtype)
     _cell_launch(_lstm_hidden_back_kernel, batch, hidden, dgates, dc, act, dh)
     return dgates, dc
 

@@ -8,13 +8,13 @@ import math
 import numpy as np
 from numba import cuda
 
-from .device import MAX_BLOCKS, ROW_THREADS, THREADS, _blocks, _empty, _flat, _launch, _no_mask, _per_dtype
+from .device import MAX_BLOCKS, ROW_THREADS, THREADS, empty, launch, nblocks, no_mask, per_dtype, ravel
 from .memory import zeros
 from .movement import broadcast_to, permute
-from .reduce import _block_max, _block_sum
+from .reduce import block_max, block_sum
 
 
-@_per_dtype
+@per_dtype
 def _softmax_rows_kernel(nb_type, dtype):
     zero, one, neg_inf = dtype.type(0), dtype.type(1), dtype.type(-np.inf)
 
@@ -29,7 +29,7 @@ def _softmax_rows_kernel(nb_type, dtype):
             for j in range(t, n_cols, ROW_THREADS):
                 if (not has_mask or mask[base + j]) and x[base + j] > m:
                     m = x[base + j]
-            m = _block_max(partial, m)
+            m = block_max(partial, m)
             if not math.isfinite(m):
                 m = zero                 # nothing finite in the row: exp below gives zeros
             total = zero
@@ -37,7 +37,7 @@ def _softmax_rows_kernel(nb_type, dtype):
                 e = math.exp(x[base + j] - m) if not has_mask or mask[base + j] else zero
                 out[base + j] = e
                 total += e
-            total = _block_sum(partial, total)
+            total = block_sum(partial, total)
             scale = one / total if total > zero else zero
             for j in range(t, n_cols, ROW_THREADS):
                 out[base + j] *= scale
@@ -45,7 +45,7 @@ def _softmax_rows_kernel(nb_type, dtype):
     return softmax_rows
 
 
-@_per_dtype
+@per_dtype
 def _log_softmax_rows_kernel(nb_type, dtype):
     zero, neg_inf = dtype.type(0), dtype.type(-np.inf)
 
@@ -59,13 +59,13 @@ def _log_softmax_rows_kernel(nb_type, dtype):
             for j in range(t, n_cols, ROW_THREADS):
                 if x[base + j] > m:
                     m = x[base + j]
-            m = _block_max(partial, m)
+            m = block_max(partial, m)
             if not math.isfinite(m):
                 m = zero
             total = zero
             for j in range(t, n_cols, ROW_THREADS):
                 total += math.exp(x[base + j] - m)
-            total = _block_sum(partial, total)
+            total = block_sum(partial, total)
             # An all -inf row: total = 0 and y = x - m = -inf, the log of softmax's zeros.
             log_total = math.log(total) if total > zero else zero
             for j in range(t, n_cols, ROW_THREADS):
@@ -74,7 +74,7 @@ def _log_softmax_rows_kernel(nb_type, dtype):
     return log_softmax_rows
 
 
-@_per_dtype
+@per_dtype
 def _softmax_back_rows_kernel(nb_type, dtype):
     zero = dtype.type(0)
 
@@ -88,7 +88,7 @@ def _softmax_back_rows_kernel(nb_type, dtype):
             acc = zero
             for j in range(t, n_cols, ROW_THREADS):
                 acc += dy[base + j] if log else dy[base + j] * y[base + j]
-            s = _block_sum(partial, acc)
+            s = block_sum(partial, acc)
             for j in range(t, n_cols, ROW_THREADS):
                 if log:
                     dx[base + j] = dy[base + j] - math.exp(y[base + j]) * s
@@ -120,11 +120,11 @@ def _row_blocks(x) -> int:
 
 
 def _softmax_last(x, mask=None):
-    out = _empty(x.shape, x.dtype)
+    out = empty(x.shape, x.dtype)
     if out.size:
         has_mask = mask is not None
-        _launch(_softmax_rows_kernel(x.dtype), _row_blocks(x), ROW_THREADS, _flat(out), _flat(x), _width(x),
-                _flat(mask) if has_mask else _no_mask(1), has_mask)
+        launch(_softmax_rows_kernel(x.dtype), _row_blocks(x), ROW_THREADS, ravel(out), ravel(x), _width(x),
+                ravel(mask) if has_mask else no_mask(1), has_mask)
     return out
 
 
@@ -141,9 +141,9 @@ def masked_softmax(x, mask):
 
 
 def _log_softmax_last(x):
-    out = _empty(x.shape, x.dtype)
+    out = empty(x.shape, x.dtype)
     if out.size:
-        _launch(_log_softmax_rows_kernel(x.dtype), _row_blocks(x), ROW_THREADS, _flat(out), _flat(x),
+        launch(_log_softmax_rows_kernel(x.dtype), _row_blocks(x), ROW_THREADS, ravel(out), ravel(x),
                 _width(x))
     return out
 
@@ -153,10 +153,10 @@ def log_softmax(x, axis):
 
 
 def _softmax_back_last(y, dy, log):
-    dx = _empty(y.shape, y.dtype)
+    dx = empty(y.shape, y.dtype)
     if dx.size:
-        _launch(_softmax_back_rows_kernel(y.dtype), _row_blocks(y), ROW_THREADS, _flat(dx), _flat(y),
-                _flat(dy), _width(y), log)
+        launch(_softmax_back_rows_kernel(y.dtype), _row_blocks(y), ROW_THREADS, ravel(dx), ravel(y),
+                ravel(dy), _width(y), log)
     return dx
 
 
@@ -171,7 +171,7 @@ def log_softmax_back(y, dy, axis):
 # ---------------------------------------------------------------- losses
 
 
-@_per_dtype
+@per_dtype
 def _cross_entropy_kernel(nb_type, dtype):
     zero, neg_inf = dtype.type(0), dtype.type(-np.inf)
 
@@ -185,11 +185,11 @@ def _cross_entropy_kernel(nb_type, dtype):
             for j in range(t, n_cols, ROW_THREADS):
                 if logits[base + j] > m:
                     m = logits[base + j]
-            m = _block_max(partial, m)
+            m = block_max(partial, m)
             total = zero
             for j in range(t, n_cols, ROW_THREADS):
                 total += math.exp(logits[base + j] - m)
-            total = _block_sum(partial, total)
+            total = block_sum(partial, total)
             if t == 0:
                 row_lse = m + math.log(total)
                 lse[row] = row_lse
@@ -215,18 +215,18 @@ def _cross_entropy_back_kernel(dx, logits, lse, target, ignore_index, dloss, n_c
 def cross_entropy(logits, target, ignore_index):
     """Per-row loss -log softmax(logits)[target] and the row logsumexp, for (N, C) logits."""
     n, c = logits.shape
-    loss = _empty((n,), logits.dtype)
-    lse = _empty((n,), logits.dtype)
+    loss = empty((n,), logits.dtype)
+    lse = empty((n,), logits.dtype)
     if n and c:
-        _launch(_cross_entropy_kernel(logits.dtype), min(n, MAX_BLOCKS), ROW_THREADS, loss, lse,
-                _flat(logits), target, int(ignore_index), c)
+        launch(_cross_entropy_kernel(logits.dtype), min(n, MAX_BLOCKS), ROW_THREADS, loss, lse,
+                ravel(logits), target, int(ignore_index), c)
     return loss, lse
 
 
 def cross_entropy_back(logits, lse, target, ignore_index, dloss):
-    dx = _empty(logits.shape, logits.dtype)
+    dx = empty(logits.shape, logits.dtype)
     if dx.size:
-        _launch(_cross_entropy_back_kernel, _blocks(dx.size), THREADS, _flat(dx), _flat(logits), lse, target,
+        launch(_cross_entropy_back_kernel, nblocks(dx.size), THREADS, ravel(dx), ravel(logits), lse, target,
                 int(ignore_index), dloss, logits.shape[1])
     return dx
 
@@ -248,9 +248,9 @@ def _nll_loss_back_kernel(dx, target, ignore_index, dloss, n_cols):
 
 def nll_loss(logp, target, ignore_index):
     """Per-row loss -logp[target] for (N, C) log-probabilities; ignored rows give 0."""
-    loss = _empty((logp.shape[0],), logp.dtype)
+    loss = empty((logp.shape[0],), logp.dtype)
     if loss.size:
-        _launch(_nll_loss_kernel, _blocks(loss.size), THREADS, loss, _flat(logp), target, int(ignore_index),
+        launch(_nll_loss_kernel, nblocks(loss.size), THREADS, loss, ravel(logp), target, int(ignore_index),
                 logp.shape[1])
     return loss
 
@@ -258,7 +258,7 @@ def nll_loss(logp, target, ignore_index):
 def nll_loss_back(shape, target, ignore_index, dloss):
     dx = zeros(shape, dloss.dtype)
     if dloss.size:
-        _launch(_nll_loss_back_kernel, _blocks(dloss.size), THREADS, _flat(dx), target, int(ignore_index),
+        launch(_nll_loss_back_kernel, nblocks(dloss.size), THREADS, ravel(dx), target, int(ignore_index),
                 dloss, shape[1])
     return dx
 
@@ -277,7 +277,7 @@ def count_ne(x, value):
     """The number of entries of x that differ from ``value``, as a 0-d int64 array."""
     count = zeros((1,), np.int64)
     if x.size:
-        _launch(_count_ne_kernel, _blocks(x.size), THREADS, count, _flat(x), int(value))
+        launch(_count_ne_kernel, nblocks(x.size), THREADS, count, ravel(x), int(value))
     return count.reshape(())
 
 
@@ -291,8 +291,8 @@ def _clamp_divisor_kernel(out, count):
 
 def clamp_divisor(count, dtype):
     """max(count, 1) as a 0-d array of ``dtype``: the divisor of a mean over kept rows."""
-    out = _empty((1,), dtype)
-    _launch(_clamp_divisor_kernel, 1, 1, out, count.reshape((1,)))
+    out = empty((1,), dtype)
+    launch(_clamp_divisor_kernel, 1, 1, out, count.reshape((1,)))
     return out.reshape(())
 
 

@@ -247,9 +247,9 @@ class OnnxModel:
 
     def _ids(self, src) -> np.ndarray:
         """The models' own check of a source (an integer (B, S) array), with their message."""
-        from ..models.seq2seq import _ids
+        from ..models.seq2seq import ids_array
 
-        return _ids(src, "src", self._engine_name, empty=True)
+        return ids_array(src, "src", self._engine_name, empty=True)
 
     def _checked(self, src) -> np.ndarray:
         """``src`` as int64 ids after every check the engine makes before encoding: the

@@ -58,7 +58,7 @@ from ..arguments import check_int, check_number
 from ..autograd import ShapeError, no_grad
 from ..compiler import reference
 
-__all__ = ["Decodable", "Hypothesis", "greedy", "sample", "beam_search", "log_softmax", "default_max_len",
+__all__ = ["Decodable", "greedy", "sample", "beam_search", "log_softmax", "default_max_len",
            "check_source_lengths"]
 
 PAD, START, END = data.PAD, data.START, data.END

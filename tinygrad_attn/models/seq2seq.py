@@ -42,7 +42,7 @@ from ..tensor import Tensor, cat
 from . import decoding
 from .twin import TorchTwin
 
-__all__ = ["Seq2Seq", "Memory", "ATTENTIONS", "CELLS", "STYLES"]
+__all__ = ["Memory", "ATTENTIONS", "CELLS", "STYLES"]
 
 PAD, START, END = 0, 1, 2
 
@@ -67,9 +67,11 @@ class Seq2Seq(TorchTwin, nn.Module):
     """Embedding, RNN encoder, RNN decoder, optional attention and an output layer.
 
     Args:
-        src_vocab, tgt_vocab: vocabulary sizes (ints, or ``ta.data.Vocab`` objects); id 0 is
+        src_vocab: the source vocabulary's size (an int, or a ``ta.data.Vocab``); id 0 is
             ``<pad>``, 1 ``<start>``, 2 ``<end>``, as in ``ta.data``.
-        embed: embedding size E.  hidden: state size H of encoder and decoder.
+        tgt_vocab: the target vocabulary's size, likewise.
+        embed: embedding size E.
+        hidden: state size H of encoder and decoder.
         cell: "rnn" | "gru" | "lstm".
         attention: "dot" | "general" | "concat" | "additive" | None.
         style: "bahdanau" or "luong" (see the module docstring).
@@ -91,7 +93,8 @@ class Seq2Seq(TorchTwin, nn.Module):
                  dropout: float = 0.0, bidirectional: bool = False, attn_dim: int | None = None):
         super().__init__()
         where = "Seq2Seq"
-        src_size, tgt_size = _size(src_vocab, "src_vocab", where), _size(tgt_vocab, "tgt_vocab", where)
+        src_size = vocab_size(src_vocab, "src_vocab", where)
+        tgt_size = vocab_size(tgt_vocab, "tgt_vocab", where)
         check_int(embed, "embed", where, 1)
         check_int(hidden, "hidden", where, 1)
         check_int(num_layers, "num_layers", where, 1)
@@ -168,8 +171,8 @@ class Seq2Seq(TorchTwin, nn.Module):
         Returns:
             (logits (B, T, V), weights (B, T, S) or None without attention), Tensors.
         """
-        src = _batch_ids(src, "src", "Seq2Seq", self.out.weight.device, empty=True)
-        tgt_in = _batch_ids(tgt_in, "tgt_in", "Seq2Seq", self.out.weight.device)
+        src = batch_ids(src, "src", "Seq2Seq", self.out.weight.device, empty=True)
+        tgt_in = batch_ids(tgt_in, "tgt_in", "Seq2Seq", self.out.weight.device)
         if tgt_in.shape[0] != src.shape[0]:
             raise ShapeError(f"Seq2Seq: src {src.shape} and tgt_in {tgt_in.shape} differ in batch size")
         memory = self.encode(src)
@@ -194,7 +197,7 @@ class Seq2Seq(TorchTwin, nn.Module):
         """Mean cross-entropy of the teacher-forced logits against ``tgt_out`` (the target
         then ``<end>``), ignoring padding."""
         logits, _ = self(src, tgt_in)
-        target = _batch_ids(tgt_out, "tgt_out", "Seq2Seq", self.out.weight.device)
+        target = batch_ids(tgt_out, "tgt_out", "Seq2Seq", self.out.weight.device)
         return cross_entropy(logits, target, ignore_index=PAD)
 
     def _luong_teacher_forced(self, tgt_in: np.ndarray | Tensor, memory: Memory):
@@ -221,7 +224,7 @@ class Seq2Seq(TorchTwin, nn.Module):
         source of width 0 is a batch of empty sources: what a row of only padding gives (the
         initial states), with keys of width 0.
         """
-        src = _batch_ids(src, "src", "Seq2Seq", self.out.weight.device, empty=True)
+        src = batch_ids(src, "src", "Seq2Seq", self.out.weight.device, empty=True)
         if src.shape[1] == 0:
             # The RNN needs a step to run: one padding column leaves every state where it began.
             memory = self.encode(np.zeros((src.shape[0], 1), dtype=np.int64))
@@ -390,7 +393,7 @@ class Seq2Seq(TorchTwin, nn.Module):
         context (as for any fully masked row), and the decoder produces what it would with
         nothing to read, the same output for every such row.
         """
-        return decoding.greedy(self, _ids(src, "src", "Seq2Seq", empty=True), max_len, min_length,
+        return decoding.greedy(self, ids_array(src, "src", "Seq2Seq", empty=True), max_len, min_length,
                                no_repeat_ngram_size, hypotheses, compile=compile)
 
     def sample(self, src, max_len: decoding.MaxLen = 50, temperature: float = 1.0, top_k: int = 0,
@@ -399,7 +402,7 @@ class Seq2Seq(TorchTwin, nn.Module):
         """Draw every output token from the model's distribution (``ta.models.decoding.sample``:
         temperature, top-k, top-p, a seed); ``max_len``, sources and ``compile`` as ``greedy``'s;
         returns what ``greedy`` returns."""
-        src = _ids(src, "src", "Seq2Seq", empty=True)
+        src = ids_array(src, "src", "Seq2Seq", empty=True)
         return decoding.sample(self, src, max_len, temperature, top_k, top_p, seed, min_length,
                                no_repeat_ngram_size, hypotheses, compile=compile)
 
@@ -424,7 +427,7 @@ class Seq2Seq(TorchTwin, nn.Module):
         """
         if coverage_penalty and self.attention_kind is None:
             raise ValueError("beam_search: coverage_penalty needs a model with attention")
-        src = _ids(src, "src", "Seq2Seq", empty=True)
+        src = ids_array(src, "src", "Seq2Seq", empty=True)
         return decoding.beam_search(self, src, beam, max_len, length_penalty, coverage_penalty, min_length,
                                     no_repeat_ngram_size, n_best, compile=compile)
 
@@ -445,7 +448,7 @@ class _Decoding:
 # ---------------------------------------------------------------- helpers
 
 
-def _size(vocab, what: str, where: str) -> int:
+def vocab_size(vocab, what: str, where: str) -> int:
     """A vocabulary's size: an int, or anything with a length (a ``ta.data.Vocab``)."""
     if isinstance(vocab, bool) or not (isinstance(vocab, int | np.integer) or hasattr(vocab, "__len__")):
         raise TypeError(f"{where}: {what} must be an int or a ta.data.Vocab, got {vocab!r:.40} "
@@ -457,7 +460,7 @@ def _size(vocab, what: str, where: str) -> int:
     return int(size)
 
 
-def _ids(x, what: str, where: str = "Seq2Seq", empty: bool = False) -> np.ndarray:
+def ids_array(x, what: str, where: str = "Seq2Seq", empty: bool = False) -> np.ndarray:
     """An integer (B, L) array from a numpy array, nested lists or a Tensor; L = 0 only where
     ``empty`` allows it (a source: a batch of empty sources)."""
     array = x.numpy() if isinstance(x, Tensor) else np.asarray(x)
@@ -468,14 +471,14 @@ def _ids(x, what: str, where: str = "Seq2Seq", empty: bool = False) -> np.ndarra
     return array.astype(np.int64, copy=False)
 
 
-def _batch_ids(x, what: str, where: str, device: str, empty: bool = False) -> np.ndarray | Tensor:
-    """``_ids`` for teacher forcing, where a Tensor of ids on the model's ``device`` stays a
+def batch_ids(x, what: str, where: str, device: str, empty: bool = False) -> np.ndarray | Tensor:
+    """``ids_array`` for teacher forcing, where a Tensor of ids on the model's ``device`` stays a
     Tensor: only its shape and dtype are checked, its values never read on the host, so the
     masks and per-step columns computed from it are kernels (a compiled training step
     computes them from each batch).  Host ids, and ids on another device, take the host path
     as before.  The two paths give the same values (the RNN's masking: ``nn.RNN``)."""
     if not isinstance(x, Tensor) or x.device != device:
-        return _ids(x, what, where, empty)
+        return ids_array(x, what, where, empty)
     if x.ndim != 2 or x.dtype.kind not in "iu" or (x.shape[1] == 0 and not empty):
         kind = "an integer array" if empty else "a non-empty integer array"
         raise ShapeError(f"{where}: {what} must be {kind} (B, L) of token ids, got {x.dtype} of shape "

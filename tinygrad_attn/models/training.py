@@ -42,8 +42,6 @@ from ..tensor import Tensor
 from .checkpoint import load_checkpoint, save_checkpoint
 from .evaluation import Model, evaluate, validation_loss
 
-__all__ = ["train", "SCHEDULES", "log_path", "TrainingInterrupted"]
-
 SCHEDULES = ("constant", "cosine", "plateau")
 
 # What a resumed run takes from its checkpoint, not from the call: they decide the batches,

@@ -26,7 +26,7 @@ from ..autograd import ShapeError, no_grad, scope
 from ..nn.transformer import DecoderCache, check_layer_arguments
 from ..tensor import Tensor
 from . import decoding
-from .seq2seq import PAD, START, _batch_ids, _ids, _size
+from .seq2seq import PAD, START, batch_ids, ids_array, vocab_size
 from .twin import TorchTwin
 
 __all__ = ["sinusoids"]
@@ -87,7 +87,8 @@ class Transformer(TorchTwin, nn.Module):
                  max_len: int = 512, tie_embeddings: bool = False):
         super().__init__()
         where = "Transformer"
-        src_size, tgt_size = _size(src_vocab, "src_vocab", where), _size(tgt_vocab, "tgt_vocab", where)
+        src_size = vocab_size(src_vocab, "src_vocab", where)
+        tgt_size = vocab_size(tgt_vocab, "tgt_vocab", where)
         check_layer_arguments(where, d_model, nhead, dim_feedforward, dropout, activation,
                               norm_first=norm_first)
         check_int(num_encoder_layers, "num_encoder_layers", where, 0)
@@ -176,8 +177,8 @@ class Transformer(TorchTwin, nn.Module):
             weights["decoder/layer1/self_attention"]     (B, H, T, T)   causal
             weights["decoder/layer1/cross_attention"]    (B, H, T, S)
         """
-        src = _batch_ids(src, "src", "Transformer", self.out.weight.device, empty=True)
-        tgt_in = _batch_ids(tgt_in, "tgt_in", "Transformer", self.out.weight.device)
+        src = batch_ids(src, "src", "Transformer", self.out.weight.device, empty=True)
+        tgt_in = batch_ids(tgt_in, "tgt_in", "Transformer", self.out.weight.device)
         if tgt_in.shape[0] != src.shape[0]:
             raise ShapeError(f"Transformer: src {src.shape} and tgt_in {tgt_in.shape} differ in batch size")
         with attention_record() if need_weights else nullcontext() as weights:
@@ -203,7 +204,7 @@ class Transformer(TorchTwin, nn.Module):
     def loss(self, src, tgt_in, tgt_out, label_smoothing: float = 0.0) -> Tensor:
         """Mean cross-entropy of the teacher-forced logits against ``tgt_out``, padding ignored."""
         logits, _ = self(src, tgt_in)
-        target = _batch_ids(tgt_out, "tgt_out", "Transformer", self.out.weight.device)
+        target = batch_ids(tgt_out, "tgt_out", "Transformer", self.out.weight.device)
         return F.cross_entropy(logits, target, ignore_index=PAD, label_smoothing=label_smoothing)
 
     # ------------------------------------------------------------ decoding
@@ -230,7 +231,7 @@ class Transformer(TorchTwin, nn.Module):
             ``model(src, tgt_in, need_weights=True)`` on the output, or ``beam_search(...,
             n_best=k, average_weights=False)``.
         """
-        return decoding.greedy(self, _ids(src, "src", "Transformer", empty=True), max_len, min_length,
+        return decoding.greedy(self, ids_array(src, "src", "Transformer", empty=True), max_len, min_length,
                                no_repeat_ngram_size, hypotheses, use_cache=use_cache, compile=compile)
 
     def sample(self, src, max_len: decoding.MaxLen = 50, temperature: float = 1.0, top_k: int = 0,
@@ -238,7 +239,8 @@ class Transformer(TorchTwin, nn.Module):
                hypotheses: bool = False, use_cache: bool = True, compile: bool = False):  # noqa: A002
         """Draw every output token from the model's distribution (``ta.models.decoding.sample``);
         ``max_len``, sources and ``compile`` as ``greedy``'s; returns what ``greedy`` returns."""
-        return decoding.sample(self, _ids(src, "src", "Transformer", empty=True), max_len, temperature, top_k,
+        src = ids_array(src, "src", "Transformer", empty=True)
+        return decoding.sample(self, src, max_len, temperature, top_k,
                                top_p, seed, min_length, no_repeat_ngram_size, hypotheses, use_cache=use_cache,
                                compile=compile)
 
@@ -266,7 +268,7 @@ class Transformer(TorchTwin, nn.Module):
             (ids (B, L) int64, attention (B, L, S)), laid out as ``greedy``'s; with ``n_best``,
             per source a list of ``ta.models.Hypothesis``, best first.
         """
-        src = _ids(src, "src", "Transformer", empty=True)
+        src = ids_array(src, "src", "Transformer", empty=True)
         if coverage_penalty and self.attention_kind is None:
             raise ValueError("beam_search: coverage_penalty needs a model with attention; this Transformer "
                              "has 0 decoder layers")

@@ -23,8 +23,6 @@ from ..tensor import Tensor, cat, stack, where
 from . import init
 from .module import Module, Parameter
 
-__all__ = ["RNNCell", "GRUCell", "LSTMCell", "RNN", "GRU", "LSTM"]
-
 _GATES = {"rnn": 1, "gru": 3, "lstm": 4}
 
 
@@ -56,7 +54,9 @@ class RNNCell(_CellBase):
     ``s = tanh(A [x; s] + b)`` with A split by columns into W_ih and W_hh), as ``torch.nn.RNNCell``.
 
     Args:
-        input_size, hidden_size: I and H.  bias: learn b_ih and b_hh.
+        input_size: I, the size of x's last axis.
+        hidden_size: H, the state's size.
+        bias: learn b_ih and b_hh.
         nonlinearity: "tanh" or "relu".
 
     Example:
@@ -417,7 +417,10 @@ class GRU(_RNNBase):
     """Stacked GRU layers, as ``torch.nn.GRU`` (batch_first by default).
 
     Args:
-        input_size, hidden_size: I and H.  num_layers: stacked layers.  bias: learn biases.
+        input_size: I, the size of x's last axis.
+        hidden_size: H, the state's size.
+        num_layers: stacked layers.
+        bias: learn biases.
         batch_first: inputs and outputs are (B, T, ...) (default True; PyTorch's is False).
         dropout: on the inputs of every layer but the first, in training mode.
         bidirectional: a second pass from the last step to the first, outputs concatenated.
