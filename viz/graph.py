@@ -760,7 +760,7 @@ class GraphLayout:
                 return [self._visible(x) for x in pieces]
         return [self._visible(values)] * length
 
-    def label_text(self, t) -> str | None:
+    def _visible(self, t) -> str | None:
         name = self.rep.get(id(t))
         return None if name is None or name.startswith("skip") else name
 
