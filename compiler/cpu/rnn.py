@@ -127,25 +127,26 @@ def _gru_gates_masked_parallel(gi, gh, h_prev, keep, h, gates):
 
 
 @njit(**_JIT)
+def _gru_gates_back_masked_row(b, gates, gh, h_prev, dh, keep, dgi, dgh, dh_prev):
+    """Row b's gradients; a padded row (keep False) passes dh straight to its old state."""
+    if keep[b]:
+        _gru_gates_back_row(gates[b], gh[b], h_prev[b], dh[b], dgi[b], dgh[b], dh_prev[b])
+    else:
+        dgi[b, :] = 0
+        dgh[b, :] = 0
+        dh_prev[b, :] = dh[b]
+
+
+@njit(**_JIT)
 def _gru_gates_back_masked_serial(gates, gh, h_prev, dh, keep, dgi, dgh, dh_prev):
     for b in range(dh.shape[0]):
-        if keep[b]:
-            _gru_gates_back_row(gates[b], gh[b], h_prev[b], dh[b], dgi[b], dgh[b], dh_prev[b])
-        else:
-            dgi[b, :] = 0
-            dgh[b, :] = 0
-            dh_prev[b, :] = dh[b]
+        _gru_gates_back_masked_row(b, gates, gh, h_prev, dh, keep, dgi, dgh, dh_prev)
 
 
 @njit(parallel=True, **_JIT)
 def _gru_gates_back_masked_parallel(gates, gh, h_prev, dh, keep, dgi, dgh, dh_prev):
     for b in prange(dh.shape[0]):
-        if keep[b]:
-            _gru_gates_back_row(gates[b], gh[b], h_prev[b], dh[b], dgi[b], dgh[b], dh_prev[b])
-        else:
-            dgi[b, :] = 0
-            dgh[b, :] = 0
-            dh_prev[b, :] = dh[b]
+        _gru_gates_back_masked_row(b, gates, gh, h_prev, dh, keep, dgi, dgh, dh_prev)
 
 
 # ---------------------------------------------------------------- LSTM rows
