@@ -34,9 +34,8 @@ def seq2seq_checkpoint(tmp_path_factory):
 SOURCES = [list("abca"), list("cab"), [], list("bbbb"), list("a")]
 
 
-@pytest.mark.parametrize("beam", [None, 3])
-def test_translate_tokens_and_decode_compiled_equal_eager(checkpoint, beam):
-    model, info = ta.models.load_checkpoint(checkpoint)
+def _translations_compiled_equal_eager(model, info, beam) -> None:
+    """translate_tokens and decode with compile=True give eager's tokens and attention."""
     eager = ta.models.translate_tokens(model, SOURCES, info.src_vocab, info.tgt_vocab, beam=beam,
                                        batch_size=2)
     compiled = ta.models.translate_tokens(model, SOURCES, info.src_vocab, info.tgt_vocab, beam=beam,
@@ -46,6 +45,12 @@ def test_translate_tokens_and_decode_compiled_equal_eager(checkpoint, beam):
         np.testing.assert_array_equal(attention, attention_c)
     assert ta.models.decode(model, SOURCES, info.src_vocab, info.tgt_vocab, beam=beam, compile=True) == \
         [tokens for tokens, _ in eager]
+
+
+@pytest.mark.parametrize("beam", [None, 3])
+def test_translate_tokens_and_decode_compiled_equal_eager(checkpoint, beam):
+    model, info = ta.models.load_checkpoint(checkpoint)
+    _translations_compiled_equal_eager(model, info, beam)
     assert _COMPILED[model].stats.replays > 0 and _COMPILED[model].stats.eager_calls == 0
 
 
@@ -118,15 +123,7 @@ def test_seq2seq_translate_tokens_and_decode_compiled_equal_eager(seq2seq_checkp
     from tinygrad_attn.models.decoding import _COMPILED_STEPS as SEQ2SEQ_COMPILED
 
     model, info = ta.models.load_checkpoint(seq2seq_checkpoint)
-    eager = ta.models.translate_tokens(model, SOURCES, info.src_vocab, info.tgt_vocab, beam=beam,
-                                       batch_size=2)
-    compiled = ta.models.translate_tokens(model, SOURCES, info.src_vocab, info.tgt_vocab, beam=beam,
-                                          batch_size=2, compile=True)
-    for (tokens, attention), (tokens_c, attention_c) in zip(eager, compiled, strict=True):
-        assert tokens == tokens_c
-        np.testing.assert_array_equal(attention, attention_c)
-    assert ta.models.decode(model, SOURCES, info.src_vocab, info.tgt_vocab, beam=beam, compile=True) == \
-        [tokens for tokens, _ in eager]
+    _translations_compiled_equal_eager(model, info, beam)
     best = ta.models.translate_tokens(model, SOURCES, info.src_vocab, info.tgt_vocab, beam=3, n_best=2)
     best_c = ta.models.translate_tokens(model, SOURCES, info.src_vocab, info.tgt_vocab, beam=3, n_best=2,
                                         compile=True)

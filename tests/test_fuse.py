@@ -65,7 +65,20 @@ def _run(fusing_compile, fn, arrays, device, dtype, calls=3):
     return step
 
 
-def _loss(fn):
+def assert_wrong_kernel_rejected(backend, chain, name: str, wrong) -> None:
+    """``ta.check.fused(chain)`` fails while kernel ``name`` is replaced by ``wrong(right)``."""
+    right = backend.table()[name]
+    right = right.install() if hasattr(right, "install") else right
+    backend.register_kernel(name, wrong(right))
+    try:
+        (report,) = ta.check.fused(chain)
+    finally:
+        backend.register_kernel(name, right)
+    assert not report.ok, f"a wrong {name} passed: {report}"
+
+
+def loss_of(fn):
+    """A step that sums ``fn``'s output and runs its backward."""
     def step(*xs):
         loss = fn(*xs).sum()
         loss.backward()
@@ -90,12 +103,12 @@ def _checked(step, dtype="float64"):
 def test_tiny_forward_and_backward_fuse_and_equal_eager(fusing_compile, dtype):
     rng = np.random.default_rng(1)
     a, b = rng.normal(size=16), rng.normal(size=16)
-    step = _run(fusing_compile, _loss(lambda a, b: a * b + a), [a, b], "cpu", dtype)
+    step = _run(fusing_compile, loss_of(lambda a, b: a * b + a), [a, b], "cpu", dtype)
     fused = _fused_calls(step)
     # The forward a*b + a, and the backward chain mul_back_a -> add (da = b*dy + dy).
     assert len(fused) == 2, step.source
     assert "mul(" not in step.source and "= add(" not in step.source
-    unfused = ta.compile(_loss(lambda a, b: a * b + a))
+    unfused = ta.compile(loss_of(lambda a, b: a * b + a))
     unfused(*[ta.Tensor(x, dtype=dtype, requires_grad=True) for x in (a, b)])
     assert step.plans[0].calls < unfused.plans[0].calls
     reports = _checked(step)
@@ -103,7 +116,7 @@ def test_tiny_forward_and_backward_fuse_and_equal_eager(fusing_compile, dtype):
 
 
 def test_numpy_device_replays_unfused(fusing_compile):
-    step = _run(fusing_compile, _loss(lambda a, b: a * b + a), [np.ones(4), np.arange(4.0)], "numpy",
+    step = _run(fusing_compile, loss_of(lambda a, b: a * b + a), [np.ones(4), np.arange(4.0)], "numpy",
                 "float64")
     assert not _fused_calls(step) and "mul(" in step.source
 
@@ -143,7 +156,7 @@ def layer_norm(x, w, b):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_gelu_tanh_from_primitives(fusing_compile, dtype):
     x = np.random.default_rng(2).normal(size=(4, 8)) * 2
-    step = _run(fusing_compile, _loss(gelu_tanh), [x], "cpu", dtype)
+    step = _run(fusing_compile, loss_of(gelu_tanh), [x], "cpu", dtype)
     assert len(_fused_calls(step)) >= 2, step.source
     _checked(step)
     # The primitives are GeluTanh's formula: the compiled loss equals the op's.
@@ -157,7 +170,7 @@ def test_gelu_tanh_from_primitives(fusing_compile, dtype):
 def test_layer_norm_from_primitives(fusing_compile, dtype):
     rng = np.random.default_rng(3)
     x, w, b = rng.normal(size=(3, 6)), rng.normal(size=6), rng.normal(size=6)
-    step = _run(fusing_compile, _loss(layer_norm), [x, w, b], "cpu", dtype)
+    step = _run(fusing_compile, loss_of(layer_norm), [x, w, b], "cpu", dtype)
     assert _fused_calls(step), step.source
     _checked(step)
     # Against the LayerNorm op (a kernel of its own, not primitives): the same function.
@@ -212,7 +225,7 @@ def test_random_elementwise_chains(fusing_compile, chain, dtype):
     shapes, program = chain
     rng = np.random.default_rng(len(program))
     arrays = [rng.uniform(-1.5, 1.5, size=s) for s in shapes]
-    step = _run(fusing_compile, _loss(_program(program)), arrays, "cpu", dtype, calls=2)
+    step = _run(fusing_compile, loss_of(_program(program)), arrays, "cpu", dtype, calls=2)
     if _fused_calls(step):
         _checked(step)
 
@@ -263,7 +276,7 @@ def test_a_broadcast_read_only_by_members_is_absorbed():
 def test_a_number_is_written_into_the_fused_kernel(fusing_compile, dtype):
     # a * 0.5 + b: the op makes 0.5 a 0-d array (full); fused, the kernel holds the number
     # itself and reads two operands, so no 0-d (stride 0) operand slows its loop.
-    step = _run(fusing_compile, _loss(lambda a, b: a * 0.5 + b), [np.arange(6.0), np.ones(6)], "cpu", dtype)
+    step = _run(fusing_compile, loss_of(lambda a, b: a * 0.5 + b), [np.arange(6.0), np.ones(6)], "cpu", dtype)
     (call,) = [line for line in _fused_calls(step) if "(xs_0, xs_1)" in line]          # 0.5 is not an operand
     chain = next(c for c in step.plans[0].chains if [m.kernel_name for m in c.members] == ["mul", "add"])
     assert len(chain.shapes) == 2 and ("const", 0.5) in chain.members[0].refs
@@ -271,7 +284,7 @@ def test_a_number_is_written_into_the_fused_kernel(fusing_compile, dtype):
 
 
 def test_a_wrong_fused_kernel_fails_the_check(fusing_compile):
-    step = _run(fusing_compile, _loss(lambda a, b: a * b + a), [np.ones(4), np.arange(4.0)], "cpu",
+    step = _run(fusing_compile, loss_of(lambda a, b: a * b + a), [np.ones(4), np.arange(4.0)], "cpu",
                 "float64", calls=1)
     cpu = get_backend("cpu")
     reports = {r.target.split(" = ")[1]: r for r in _checked(step)}
@@ -283,14 +296,7 @@ def test_a_wrong_fused_kernel_fails_the_check(fusing_compile):
     cases = [(forward, plan.backward[0].name, lambda fn: lambda *a: -fn(*a)),       # d/dx0 sign flipped
              (backward, backward.formula.name, lambda fn: lambda x0, x1: fn(x0, x1) - x1)]
     for chain, name, wrong in cases:
-        right = cpu.table()[name]
-        right = right.install() if hasattr(right, "install") else right
-        cpu.register_kernel(name, wrong(right))
-        try:
-            (report,) = ta.check.fused(chain)
-        finally:
-            cpu.register_kernel(name, right)
-        assert not report.ok, str(report)
+        assert_wrong_kernel_rejected(cpu, chain, name, wrong)
         (report,) = ta.check.fused(chain)
         assert report.ok
 

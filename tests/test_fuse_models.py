@@ -18,6 +18,7 @@ import pytest
 
 import tinygrad_attn as ta
 from tests.test_compile_models import VOCAB, _batches, _train_step, _twins
+from tests.test_fuse import assert_wrong_kernel_rejected
 from tinygrad_attn import compiled as compiled_module
 from tinygrad_attn.compiler import formulas, get_backend
 from tinygrad_attn.compiler import fuse as fusing
@@ -181,13 +182,6 @@ def test_a_wrong_fused_kernel_of_a_model_chain_is_rejected():
         (backward, backward.formula.name, lambda fn: lambda *a: -fn(*a)),
     ]
     for chain, name, wrong in cases:
-        right = cpu.table()[name]
-        right = right.install() if hasattr(right, "install") else right
-        cpu.register_kernel(name, wrong(right))
-        try:
-            (report,) = ta.check.fused(chain)
-        finally:
-            cpu.register_kernel(name, right)
-        assert not report.ok, f"a wrong {name} passed: {report}"
+        assert_wrong_kernel_rejected(cpu, chain, name, wrong)
         (report,) = ta.check.fused(chain)
         assert report.ok, str(report)

@@ -11,6 +11,7 @@ import sympy as sp
 
 import tinygrad_attn as ta
 from tests import optional
+from tests.test_fuse import loss_of
 from tests.test_viz_graph import cluster_members, clusters, drawn_edges, drawn_nodes, svg_of
 from tinygrad_attn import viz
 from tinygrad_attn.compiler import fuse as fusing
@@ -29,18 +30,8 @@ def fusing_compile(monkeypatch):
     return functools.partial(ta.compile, fuse=True)
 
 
-def _loss(fn):
-    def step(*xs):
-        loss = fn(*xs).sum()
-        loss.backward()
-        return loss
-
-    step.__name__ = fn.__name__
-    return step
-
-
 def _tiny(compile_fn):
-    step = compile_fn(_loss(lambda a, b: a * b + a))
+    step = compile_fn(loss_of(lambda a, b: a * b + a))
     a = ta.Tensor([1.0, 2.0, 3.0], dtype="float64", requires_grad=True)
     b = ta.Tensor([0.5, -1.0, 2.0], dtype="float64", requires_grad=True)
     step(a, b)
