@@ -317,9 +317,8 @@ def define_fused(backend, formula: Formula) -> None:
 def _own_kernel(backend, name: str) -> bool:
     """Whether ``backend`` builds a kernel of its own for the fused formula ``name`` (built
     now, as the first replay would).  One that declines it runs its parent's: the
-    composition is then one numpy call, no better than the members' and maybe worse: x*x*x
-    became ``x**3``, numpy's pow, 1.3-5.6x the time of two multiplies (65,536 entries,
-    float64/float32, 2026-11-25; the numpy printer now writes cubes as products)."""
+    composition is then one numpy call, no better than the members' and maybe worse (x*x*x
+    composed to ``x**3``: see the numpy printer's note on cubes in formulas.py)."""
     fn = backend.table()[name]
     install = getattr(fn, "install", None)
     if install is not None:

@@ -98,8 +98,11 @@ SEQ2SEQ += [("lstm", "general", "luong", dict(bidirectional=True, num_layers=2))
 
 @pytest.mark.parametrize("cell,attention,style,options", SEQ2SEQ, ids=str)
 def test_fused_seq2seq_training_equals_eager_and_its_chains_check(cell, attention, style, options):
-    _fused_training_equals_eager(lambda: ta.models.Seq2Seq(VOCAB, VOCAB, embed=6, hidden=8, cell=cell,
-                                                           attention=attention, style=style, **options))
+    count = _fused_training_equals_eager(lambda: ta.models.Seq2Seq(
+        VOCAB, VOCAB, embed=6, hidden=8, cell=cell, attention=attention, style=style, **options))
+    # Without attention the chains left are below the size rule's floor even here (the
+    # Seq2Seq's elementwise work is inside its cell kernels): only then may nothing fuse.
+    assert count or attention is None, "the step fused nothing: this test would check no chain"
 
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
@@ -148,8 +151,9 @@ def test_fused_decoding_equals_eager_and_its_chains_check(family, fused_compile)
         _close(got.log_prob, want.log_prob, "log_prob")
         _close(got.attention, want.attention, "attention")
     plans = [plan for step in fused_compile for plan in step.plans]
-    assert plans
-    _check_chains(plans)
+    count = _check_chains(plans)
+    # The Seq2Seq decode step's elementwise work is inside its cell and attention kernels.
+    assert count or family == "seq2seq", "the decode steps fused nothing: no chain was checked"
 
 
 # ---------------------------------------------------------------- the check rejects a wrong kernel

@@ -479,6 +479,9 @@ def test_auto_padding_reuses_longer_shapes_until_their_padding_costs_a_capture()
     # (8, 2) padded to (28, 11) is 29 extra columns over 10: 2.9 steps charged each time.
     assert CAPTURE_STEPS == 8.0
     assert shapes(_Padding("auto", (None, None)), [(27, 11)] + [(8, 2)] * 4) == [(28, 11)] * 3 + [(8, 2)] * 2
+    # The least padding among the shapes within the bound, not the shortest longer shape overall.
+    met = [(40, 12), (48, 5), (39, 4)]
+    assert shapes(_Padding("auto", (None, None)), met) == [(40, 12), (48, 5), (48, 5)]
     # Never past a position table's length; ints pad to their multiples.
     assert shapes(_Padding("auto", (27, 12)), [(25, 11), (27, 11)]) == [(26, 11), (27, 11)]
     assert shapes(_Padding(8, (None, 12)), [(27, 11), (8, 1)]) == [(32, 12), (8, 8)]

@@ -544,14 +544,15 @@ class _Padding:
     def _auto(self, lengths: tuple) -> tuple:
         longer = [shape for shape in self.shapes
                   if all(length <= padded for length, padded in zip(lengths, shape, strict=True))]
-        if longer:
-            best = min(longer, key=sum)
-            close = all(padded <= length + max(2, length // 4)
-                        for length, padded in zip(lengths, best, strict=True))
-            if close or len(self.shapes) >= COMPILED_PLANS:
-                return best
+        # The least padding among the shapes within the bound (the shortest longer shape
+        # overall may be far from it while another one fits).
+        close = [shape for shape in longer if all(padded <= length + max(2, length // 4)
+                                                  for length, padded in zip(lengths, shape, strict=True))]
+        if close or (longer and len(self.shapes) >= COMPILED_PLANS):
+            return min(close or longer, key=sum)
         rung = tuple(_rung(length) for length in lengths)
         if longer:
+            best = min(longer, key=sum)
             charge = self.charges.get(rung, 0.0) + (sum(best) - sum(lengths)) / sum(lengths)
             if charge < CAPTURE_STEPS:
                 self.charges[rung] = charge
