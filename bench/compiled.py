@@ -153,7 +153,7 @@ class MLP(ta.nn.Module):
         return self.fc3(self.fc2(self.fc1(x).relu()).relu())
 
 
-def _engine_steps(models, loss_of, inputs):
+def engine_steps(models, loss_of, inputs):
     """(compiled step, eager step) over twin models, each with its own Adam; with four twins,
     (compiled, eager, compiled with fusion): the fourth is the fused step's eager twin."""
     optimizers = [ta.optim.Adam(m.parameters(), lr=1e-3) for m in models]
@@ -178,7 +178,7 @@ def _engine_steps(models, loss_of, inputs):
     return compiled, eager, fused
 
 
-def _torch_step(model, loss_of, inputs):
+def torch_step(model, loss_of, inputs):
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 
     def step():
@@ -241,13 +241,13 @@ def _bench_module(args, title, make, make_torch, loss_of, torch_loss_of, arrays)
     print(f"{title}:")
     models = twins(make)
     inputs = tuple(ta.Tensor(a) for a in arrays)
-    compiled, eager = _engine_steps(models, loss_of, inputs)
+    compiled, eager = engine_steps(models, loss_of, inputs)
     contenders = {"eager": lambda: eager(*inputs), "compiled": lambda: compiled(*inputs)}
     if torch is not None:
         twin = make_torch()
         twin.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in models[1].state_dict().items()})
         torch_inputs = tuple(torch.from_numpy(a) for a in arrays)
-        contenders["torch"] = _torch_step(twin, torch_loss_of, torch_inputs)
+        contenders["torch"] = torch_step(twin, torch_loss_of, torch_inputs)
         state = {k: torch.from_numpy(v.copy()) for k, v in models[1].state_dict().items()}
 
         def make_twin():
@@ -295,7 +295,7 @@ def bench_transformer(args) -> None:
     arrays = transformer_batch()
     inputs = tuple(ta.Tensor(a) for a in arrays)
     try:
-        compiled, eager, fused = _engine_steps(models, lambda m, *ids: m.loss(*ids), inputs)
+        compiled, eager, fused = engine_steps(models, lambda m, *ids: m.loss(*ids), inputs)
     except ta.CaptureError as error:
         print(f"  skipped: the capture refuses the model's step: {error}")
         return
@@ -304,7 +304,7 @@ def bench_transformer(args) -> None:
     if torch is not None:
         twin = models[1].to_torch()
         torch_inputs = tuple(torch.from_numpy(a) for a in arrays)
-        contenders["torch"] = _torch_step(twin, lambda m, *ids: m.loss(*ids), torch_inputs)
+        contenders["torch"] = torch_step(twin, lambda m, *ids: m.loss(*ids), torch_inputs)
         _add_inductor(args, contenders, models[1].to_torch, lambda m, *ids: m.loss(*ids), torch_inputs)
     report(run_alternating(contenders, args.repeats, args.budget))
 

@@ -25,7 +25,7 @@ import statistics
 import time
 from collections import defaultdict
 
-from compiled import _engine_steps, _torch_step, twins
+from compiled import engine_steps, torch_step, twins
 from timing import cpu_model, cpu_seconds, others_note, set_threads
 from transformer import LENGTH
 from transformer import batch as transformer_batch
@@ -46,7 +46,7 @@ def contenders(only) -> tuple[dict, object]:
     models = twins(transformer_model)
     arrays = transformer_batch()
     inputs = tuple(ta.Tensor(a) for a in arrays)
-    compiled, eager = _engine_steps(models, lambda m, *ids: m.loss(*ids), inputs)
+    compiled, eager = engine_steps(models, lambda m, *ids: m.loss(*ids), inputs)
     found = {"eager": lambda: eager(*inputs), "compiled": lambda: compiled(*inputs)}
     compiled_call = found["compiled"]
     line = arrays[0][:1]
@@ -56,7 +56,7 @@ def contenders(only) -> tuple[dict, object]:
     if torch is not None:
         twin = models[1].to_torch()
         torch_inputs = tuple(torch.from_numpy(a) for a in arrays)
-        found["torch"] = _torch_step(twin, lambda m, *ids: m.loss(*ids), torch_inputs)
+        found["torch"] = torch_step(twin, lambda m, *ids: m.loss(*ids), torch_inputs)
     if only:
         found = {name: fn for name, fn in found.items() if name in only}
     return found, (compiled, compiled_call)

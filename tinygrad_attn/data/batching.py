@@ -49,10 +49,6 @@ def _pad(rows: Sequence[Sequence[int]]) -> np.ndarray:
     return out
 
 
-def _check_batch_size(batch_size, where: str) -> int:
-    return check_int(batch_size, "batch_size", where, 1)
-
-
 def _check_vocab(vocab, name: str, where: str) -> None:
     if not isinstance(vocab, Vocab):
         raise TypeError(f"{where}: {name} must be a Vocab, got {type(vocab).__name__}")
@@ -114,7 +110,7 @@ def batches(pairs: Sequence, src_vocab: Vocab, tgt_vocab: Vocab, batch_size: int
         ...     loss = F.cross_entropy(logits, batch.tgt_out, ignore_index=ta.data.PAD)
     """
     where = "batches"
-    batch_size = _check_batch_size(batch_size, where)
+    batch_size = check_int(batch_size, "batch_size", where, 1)
     encoded = _encode_pairs(pairs, src_vocab, tgt_vocab, where)
     if shuffle:
         order = np.random.default_rng(seed).permutation(len(encoded))
@@ -165,10 +161,10 @@ def sample_batches(pairs: Sequence, src_vocab: Vocab, tgt_vocab: Vocab, batch_si
         ...     ...
     """
     where = "sample_batches"
-    batch_size = _check_batch_size(batch_size, where)
+    batch_size = check_int(batch_size, "batch_size", where, 1)
     start, bucket = check_int(start, "start", where, 0), check_int(bucket, "bucket", where, 1)
     encoded = _encode_pairs(pairs, src_vocab, tgt_vocab, where)
-    count, bucket = len(encoded), int(bucket)
+    count = len(encoded)
 
     orders: dict[int, list[int]] = {}
 

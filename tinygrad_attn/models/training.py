@@ -487,7 +487,8 @@ class _Run:
 
 #: Plans a compiled run keeps (one per padded (S, T) shape).
 COMPILED_PLANS = 32
-#: What a capture costs over a replay, in replayed steps (the demo model, measured): what
+#: What a capture costs over a replay, in replayed steps (the demo model; estimated from the
+#: 30- and 150-step runs in bench/RESULTS.md, not timed on its own): what
 #: "auto" padding pays in extra columns before it captures a shape of its own.
 CAPTURE_STEPS = 8.0
 
@@ -507,7 +508,7 @@ class _Padding:
     it) or "auto".
 
     "auto" weighs what a compiled run pays.  A new shape is a capture: an eager step and the
-    recording, measured at ~8-10 replayed steps on the demo model (``CAPTURE_STEPS``).  A
+    recording, estimated at ~8-10 replayed steps on the demo model (``CAPTURE_STEPS``).  A
     padded column is work at every step that pads to it (a decoder column is an attention
     step, a cell and a readout): multiples of 8 padded the dates task's 11 target columns to
     16, 45% more decoder work at every step, for the sake of few plans.  So a batch takes:
