@@ -69,6 +69,17 @@ class Backend:
     # The capture (compiler/capture.py) in progress on this device, if any.
     _recorder = None
 
+    # A device is one per process: a copied or unpickled tensor (copy.deepcopy(model), a
+    # pickled Tensor) stays on the registry's device, not on a copy no other tensor is on.
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __reduce__(self):
+        return get_backend, (self.name,)
+
     def _refresh(self) -> None:
         # While recording, every kernel is the recorder's wrapper, also those a first call
         # (re)builds during the capture: they register through here.

@@ -512,3 +512,32 @@ def test_load_refuses_a_zip_bomb_before_inflating_it(tmp_path):
     assert path.stat().st_size * serialize.MAX_INFLATION < len(zeros)
     with pytest.raises(ta.SerializationError, match="would inflate to .* refused"):
         ta.load(path)
+
+
+def test_a_deep_copied_model_trains_beside_its_original():
+    """copy.deepcopy(model) (an averaged or EMA copy, a twin per thread) keeps its weights on
+    the process's one device: the copy mixes with fresh tensors and with the original's, and
+    owns its arrays.  Before, the copy's weights sat on a copied device object and every op
+    with a fresh input failed with "inputs are on different devices (cpu, cpu)"."""
+    import copy
+
+    ta.manual_seed(0)
+    model = TwoLayer()
+    twin = copy.deepcopy(model)
+    x = Tensor(np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4))
+    np.testing.assert_array_equal(twin(x).numpy(), model(x).numpy())
+    assert twin.inner.weight.device == "cpu" and (twin.inner.weight + model.inner.weight).shape == (3, 4)
+    opt = optim.SGD(twin.parameters(), lr=0.1)
+    twin(x).sum().backward()
+    opt.step()
+    assert not np.array_equal(twin.inner.weight.numpy(), model.inner.weight.numpy())
+
+
+def test_a_pickled_tensor_comes_back_on_its_device():
+    import pickle
+
+    for device in ("cpu", "numpy"):
+        t = Tensor(np.arange(6.0).reshape(2, 3), device=device)
+        back = pickle.loads(pickle.dumps(t))
+        assert back.device == device
+        np.testing.assert_array_equal((back + t).numpy(), 2 * t.numpy())
