@@ -11,8 +11,8 @@ Members are the calls of kernels generated from formulas, forward or backward (`
 ``tanh_back``, ``gelu``), with a float result; a ``broadcast_to`` read only by members, to
 the chain's result shape, is absorbed (its input becomes a leaf, broadcast by the fused
 kernel itself); a 0-d ``full`` of a number (a Python constant an op made an array of) is
-written into the kernel as that number.  Sum_to calls that return their input unchanged (the
-shapes are fixed per plan) are dropped first: they are no-ops that would break chains.  A
+written into the kernel as that number.  The plan (plan.py's ``build_plan``) drops the sum_to
+calls that return their input unchanged before fusing: no-ops that would break chains.  A
 group grows from its last member (the *root*) backwards, PyTensor-style, under three rules:
 
 * consumer-closed (as MLX's rule): a member's result is read only by the group's members,
@@ -130,11 +130,6 @@ def _scalar_math(expression: str) -> bool:
     functions = [f for f in expr.atoms(sp.Function) if not isinstance(f, sp.Piecewise)]
     powers = [p for p in expr.atoms(sp.Pow) if p.free_symbols and not p.exp.is_Integer]
     return bool(functions or powers)
-
-
-def _identity_sum_to(entry) -> bool:
-    return (isinstance(entry, Call) and entry.kernel == "sum_to" and entry.device in FUSING_DEVICES
-            and isinstance(entry.outs, Slot) and entry.args[:1] == (entry.outs,))
 
 
 class _Graph:
@@ -326,18 +321,20 @@ def _own_kernel(backend, name: str) -> bool:
     return name in backend.kernels
 
 
-def fuse(recorder: Recorder, resolve: Callable[[str], object], *, keep=(), max_members: int = 8,
-         max_leaves: int = 16, min_elements: int | None = None) -> list:
-    """``recorder``'s entries with each fusable chain replaced by one fused call.
+def fuse(recorder: Recorder, resolve: Callable[[str], object], *, entries=None, keep=(),
+         max_members: int = 8, max_leaves: int = 16, min_elements: int | None = None) -> list:
+    """``entries`` with each fusable chain replaced by one fused call.
 
     Args:
         resolve: device name -> its Backend (a fused formula's kernels are added to it).
+        entries: the entries to fuse, default ``recorder``'s; ``build_plan`` passes them
+            without the calls that change nothing (plan.py's ``shape_no_op``).
         keep: slot indices read after the entries (the plan's returns): never fused away.
         max_members, max_leaves: caps on a chain's kernels and operands.
         min_elements: a chain whose result is smaller stays unfused (default ``MIN_ELEMENTS``).
     """
     smallest = MIN_ELEMENTS if min_elements is None else min_elements
-    entries = [e for e in recorder.entries if not _identity_sum_to(e)]
+    entries = list(recorder.entries if entries is None else entries)
     graph = _Graph(entries, recorder, set(keep))
     taken: set = set()
     replaced: dict[int, Call] = {}

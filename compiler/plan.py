@@ -32,7 +32,7 @@ import numpy as np
 from .capture import Call, Const, Recorder, Slot, View, slot_indices
 from .source import compile_source
 
-__all__ = ["Plan", "build_plan", "peepholes", "rebuild_view"]
+__all__ = ["Plan", "build_plan", "peepholes", "rebuild_view", "shape_no_op"]
 
 
 def rebuild_view(source, offset: int, shape: tuple, strides: tuple, dtype):
@@ -190,7 +190,10 @@ def build_plan(recorder: Recorder, *, name: str, title: str, inputs: list[tuple[
     if fuse:
         from .fuse import fuse as fused_entries
 
-        entries = fused_entries(recorder, resolve, keep={s.index for s in returns})
+        # Calls that change nothing go first: left in, they would read a member's result
+        # from outside its chain and stop the chain there.
+        entries = fused_entries(recorder, resolve, entries=[e for e in entries if not shape_no_op(e)],
+                                keep={s.index for s in returns})
     entries, renamed = peepholes(recorder, entries, keep)
     returns = [renamed.get(s.index, s) for s in returns]
     keep |= {s.index for s in returns}             # a buffer handed over lives to the return
@@ -253,6 +256,15 @@ SHAPE_IDENTITY_KERNELS = frozenset({"sum_to", "to_numpy"})
 LAYOUT_IDENTITY_KERNELS = frozenset({"asarray", "broadcast_to"})
 
 
+def shape_no_op(entry) -> bool:
+    """Whether ``entry`` is a call of SHAPE_IDENTITY_KERNELS that returned its first argument
+    itself (a ``sum_to`` to the shape the array already has): every replay shares the
+    capture's shapes, so it is a no-op at every replay, on any device.  The one statement of
+    this rule: ``peepholes`` drops these calls, and ``build_plan`` drops them before fusing."""
+    return (isinstance(entry, Call) and entry.kernel in SHAPE_IDENTITY_KERNELS and len(entry.args) > 0
+            and isinstance(entry.args[0], Slot) and entry.outs == entry.args[0])
+
+
 def _root_of(array):
     while isinstance(array, np.ndarray) and isinstance(array.base, np.ndarray):
         array = array.base
@@ -306,8 +318,8 @@ def peepholes(recorder: Recorder, entries: list, keep: set) -> tuple[list, dict]
             kept.append(entry)
             continue
         source, outs, kernel = entry.args[0], entry.outs, entry.kernel
-        if outs == source and (kernel in SHAPE_IDENTITY_KERNELS or kernel in LAYOUT_IDENTITY_KERNELS
-                               and kinds[source.index] != "input"):
+        if shape_no_op(entry) or (outs == source and kernel in LAYOUT_IDENTITY_KERNELS
+                                  and kinds[source.index] != "input"):
             continue
         if type(outs) is not Slot or kinds[outs.index] != "out":
             kept.append(entry)

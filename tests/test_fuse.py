@@ -272,6 +272,34 @@ def test_a_broadcast_read_only_by_members_is_absorbed():
     np.testing.assert_array_equal(get_backend("cpu").table()[entry.kernel](a, b), a * b + a)
 
 
+def test_a_same_shape_sum_to_between_members_does_not_stop_the_chain(monkeypatch):
+    # A broadcasting op's backward sums its gradient to the input's shape, most often the
+    # shape it has: plan.py's shape_no_op (the one rule, the peepholes' too) drops that
+    # call before fusing.  Without the rule, the sum_to reads mul's result: no chain.
+    from tinygrad_attn.compiler import plan as plan_module
+
+    def fn(kb, a, b):
+        return kb.add(kb.sum_to(kb.mul(a, b), (3, 4)), a)
+
+    monkeypatch.setattr(fusing, "MIN_ELEMENTS", 0)
+    a, b = np.arange(12.0).reshape(3, 4), np.linspace(-1.0, 1.0, 12).reshape(3, 4)
+    recorder, slots, out = _record(fn, a, b)
+    inputs = [("a", slots[0]), ("b", slots[1])]
+
+    def plan():
+        return plan_module.build_plan(recorder, name="f", title="f", inputs=inputs,
+                                      returns=[out], external_names={}, device="cpu", resolve=get_backend,
+                                      fuse=True)
+
+    fused = plan()
+    assert fused.calls == 1 and "= fused_" in fused.source, fused.source
+    np.testing.assert_allclose(fused.fn(a, b)[0], a * b + a, rtol=1e-15)
+    monkeypatch.setattr(plan_module, "shape_no_op", lambda entry: False)
+    unfused = plan()
+    assert unfused.calls == 3 and "= fused_" not in unfused.source, unfused.source
+    np.testing.assert_array_equal(unfused.fn(a, b)[0], a * b + a)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_a_number_is_written_into_the_fused_kernel(fusing_compile, dtype):
     # a * 0.5 + b: the op makes 0.5 a 0-d array (full); fused, the kernel holds the number

@@ -173,3 +173,19 @@ def test_peepholes_leave_device_arrays_and_inputs_alone():
     dropped = [Call("cpu", "sum_to", (slot, (2, 3)), {}, slot)]
     assert plan_module.peepholes(recorder, dropped, keep=set()) == ([], {})
 
+
+def test_shape_no_op_is_a_call_that_returned_its_input_decided_by_shapes_alone():
+    """plan.shape_no_op, the one rule the peepholes and fusion share (test_fuse.py tests the
+    fusion side): a sum_to or to_numpy that returned its argument, on any device, an input
+    included; not a call that made a new array, nor one decided by the layout."""
+    from tinygrad_attn.compiler.capture import Call, Recorder
+
+    recorder = Recorder()
+    x = recorder.input(np.zeros((2, 3)))
+    y = recorder.input(np.zeros(3))
+    for device in ("cpu", "numpy", "cuda"):
+        assert plan_module.shape_no_op(Call(device, "sum_to", (x, (2, 3)), {}, x))
+        assert plan_module.shape_no_op(Call(device, "to_numpy", (x,), {}, x))
+        assert not plan_module.shape_no_op(Call(device, "sum_to", (x, (3,)), {}, y))
+        assert not plan_module.shape_no_op(Call(device, "broadcast_to", (x, (2, 3)), {}, x))
+        assert not plan_module.shape_no_op(Call(device, "sum_to", (), {}, x))

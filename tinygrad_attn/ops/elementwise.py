@@ -398,10 +398,13 @@ class Where(Op):
     def backward(self, dy):
         cond, a_shape, b_shape = self.saved
         k = self.backend
+        _, need_a, need_b = self.needs_grad
+        # A constant branch (ta.where(mask, x, 0.0)) needs no gradient: skipping it saves a
+        # where and a sum_to per step, in eager mode and in a captured plan alike.
         zero = k.zeros((), dy.dtype)
         return (None,
-                k.sum_to(k.where(cond, dy, zero), a_shape),
-                k.sum_to(k.where(cond, zero, dy), b_shape))
+                k.sum_to(k.where(cond, dy, zero), a_shape) if need_a else None,
+                k.sum_to(k.where(cond, zero, dy), b_shape) if need_b else None)
 
     @classmethod
     def examples(cls):
