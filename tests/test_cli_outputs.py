@@ -209,12 +209,12 @@ def test_sources_longer_than_the_position_table_are_one_line_errors_before_any_w
     ]
     for argv in cases:
         assert cli.main(argv) == 2, argv
-        one_line_error(capsys, "18", "max_len 12")
+        one_line_error(capsys, "18", "max_len=12")
     assert not out.exists() and not (tmp_path / "g.dot").exists()
     monkeypatch.setattr("sys.stdin", io.StringIO(f"abc\n{long}\n"))
     assert cli.main(["translate", str(short_table), "-"]) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and "<stdin>:2: " in captured.err and "max_len 12" in captured.err
+    assert captured.out == "" and "<stdin>:2: " in captured.err and "max_len=12" in captured.err
 
 
 def test_train_transformer_max_len_is_a_flag_stored_in_the_checkpoint(tmp_path, capsys):
@@ -236,6 +236,30 @@ def test_train_transformer_max_len_is_a_flag_stored_in_the_checkpoint(tmp_path, 
     capsys.readouterr()
     assert cli.main(["train", "--task", "copy", "--max-len", "20", "--out", str(tmp_path / "s.ckpt")]) == 2
     one_line_error(capsys, "--max-len is not an option of --arch seq2seq")
+
+
+def test_train_transformer_names_the_longest_pair_of_every_split_the_run_reads(tmp_path, capsys):
+    """The run decodes its test split at the end: a test pair past the position table is
+    refused before any work too, and the message names the longest pair of all the splits, so
+    the --max-len it gives takes every pair."""
+    write_pairs(tmp_path / "train.tsv", 40, seed=1)          # words of 2 to 5 letters
+    words = {"valid": ["abcdef", "bcdefa", "abcdefabcdef"],   # the last: 12 tokens, 13 with <start>
+             "test": ["cdefab", "abcdefabcd"]}
+    for name, sources in words.items():
+        lines = "".join(f"{word}\t{' '.join(word)}\n" for word in sources)
+        (tmp_path / f"{name}.tsv").write_text(lines, encoding="utf-8")
+    with open(tmp_path / "test.tsv", "a", encoding="utf-8") as file:
+        file.write(f"defabc\t{' '.join('abcdefabcdefab')}\n")               # a target of 14, 15 with <start>
+    flags = ["train", "--arch", "transformer", "--data", str(tmp_path / "train.tsv"), "--valid",
+             str(tmp_path / "valid.tsv"), "--test", str(tmp_path / "test.tsv"), "--src-tokens", "char",
+             "--tgt-tokens", "space", "--d-model", "8", "--heads", "2", "--ff", "16", "--layers", "1",
+             "--steps", "1", "--batch-size", "8", "--no-progress"]
+    out = tmp_path / "run" / "t.ckpt"
+    assert cli.main([*flags, "--max-len", "12", "--out", str(out)]) == 2
+    one_line_error(capsys, "test pair 2", "a target of 14 tokens (15 with <start>)", "max_len=12",
+                   "give --max-len 15 or more")
+    assert not out.parent.exists()
+    assert cli.main([*flags, "--max-len", "15", "--out", str(out)]) == 0
 
 
 # ---------------------------------------------------------------- resuming by re-running the command

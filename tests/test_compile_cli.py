@@ -153,3 +153,96 @@ def test_compile_refused_for_a_model_whose_decoding_does_not_compile(seq2seq_che
         compile_options(argparse.Namespace(compile=True), eager_only)
     with pytest.raises(ValueError, match="compile=True needs a model whose decoding compiles"):
         ta.models.decode(eager_only, SOURCES, info.src_vocab, info.tgt_vocab, compile=True)
+
+
+# ------------------------------------------------- --compile reaches the decoders and the trainer
+# The outputs above are eager's, bit for bit: they cannot tell whether --compile took effect.
+# These spy on the real path: the compiled steps the models ask for (and replay).
+
+
+@pytest.fixture
+def compiled_steps(monkeypatch):
+    """The compiled decode steps (and encoders) the models ask ``compiled_step`` for while the
+    test runs: the real ones, each recorded with its model's class and method."""
+    from tinygrad_attn.models import decoding
+
+    asked, real = [], decoding.compiled_step
+
+    def spy(model, method, *args, **kwargs):
+        step = real(model, method, *args, **kwargs)
+        asked.append((type(model).__name__, method, step))
+        return step
+
+    monkeypatch.setattr(decoding, "compiled_step", spy)
+    return asked
+
+
+def _decoded_compiled(asked, model: str) -> None:
+    """Some decode step of ``model`` was compiled, and every one replayed its plans."""
+    steps = [step for name, method, step in asked if name == model and method != "encode"]
+    assert steps, asked
+    assert all(step.stats.replays > 0 and step.stats.eager_calls == 0 for step in steps), \
+        [step.stats for step in steps]
+
+
+CLI_ARCHS = [("checkpoint", "Transformer"), ("seq2seq_checkpoint", "Seq2Seq")]
+
+
+@pytest.mark.parametrize("fixture, model", CLI_ARCHS)
+@pytest.mark.parametrize("extra", [[], ["--beam", "2"], ["--beam", "2", "--n-best", "2"]])
+def test_translate_compile_reaches_the_decoders(request, fixture, model, extra, compiled_steps, capsys):
+    args = ["translate", str(request.getfixturevalue(fixture)), "abca", "cab", *extra]
+    assert cli.main(args) == 0
+    assert compiled_steps == []                         # without --compile nothing is compiled
+    assert cli.main([*args, "--compile"]) == 0
+    _decoded_compiled(compiled_steps, model)
+
+
+@pytest.mark.parametrize("fixture, model", CLI_ARCHS)
+@pytest.mark.parametrize("extra", [[], ["--n-best", "2"]])
+def test_translate_compile_from_standard_input_reaches_the_decoders(request, fixture, model, extra,
+                                                                   compiled_steps, capsys, monkeypatch):
+    import io
+
+    args = ["translate", str(request.getfixturevalue(fixture)), "-", "--beam", "2", *extra]
+    monkeypatch.setattr("sys.stdin", io.StringIO("abca\n\ncab\n"))
+    assert cli.main(args) == 0
+    assert compiled_steps == []
+    monkeypatch.setattr("sys.stdin", io.StringIO("abca\n\ncab\n"))
+    assert cli.main([*args, "--compile"]) == 0
+    _decoded_compiled(compiled_steps, model)
+
+
+@pytest.mark.parametrize("fixture, model", CLI_ARCHS)
+@pytest.mark.parametrize("beam", [[], ["--beam", "2"]])
+def test_evaluate_compile_reaches_the_decoders(request, fixture, model, beam, compiled_steps, capsys):
+    args = ["evaluate", str(request.getfixturevalue(fixture)), "--json", *beam]
+    assert cli.main(args) == 0
+    assert compiled_steps == []
+    assert cli.main([*args, "--compile"]) == 0
+    _decoded_compiled(compiled_steps, model)
+
+
+def test_train_compile_reaches_the_trainer_also_when_resuming(tmp_path, monkeypatch, capsys):
+    """train --compile (and --resume --compile) runs its steps as a compiled plan: the real
+    ``ta.compile`` the trainer calls, spied on, replays; without --compile it is never called."""
+    from tinygrad_attn.models import training
+
+    made, real = [], training.compile_step
+
+    def spy(function, *args, **kwargs):
+        step = real(function, *args, **kwargs)
+        made.append(step)
+        return step
+
+    monkeypatch.setattr(training, "compile_step", spy)
+    flags = ["train", "--task", "copy", "--length", "4", "--hidden", "8", "--embed", "8", "--batch-size", "8",
+             "--eval-every", "0", "--no-progress"]
+    assert cli.main([*flags, "--steps", "3", "--out", str(tmp_path / "eager.ckpt")]) == 0
+    assert made == []
+    out = str(tmp_path / "compiled.ckpt")
+    assert cli.main([*flags, "--steps", "3", "--compile", "--out", out]) == 0
+    assert len(made) == 1 and made[0].stats.replays > 0 and made[0].stats.eager_calls == 0, made[0].stats
+    assert cli.main([*flags, "--steps", "6", "--compile", "--resume", out]) == 0
+    assert len(made) == 2 and made[1].stats.replays > 0, made[1].stats
+    assert ta.models.load_checkpoint(out)[1].training["step"] == 6

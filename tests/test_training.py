@@ -194,6 +194,28 @@ def test_train_refuses_pairs_longer_than_the_transformer_position_table_before_t
     ta.models.train(model, task, steps=1, batch_size=8)     # 4 tokens, 5 with <start>: they fit
 
 
+
+def test_train_names_the_longest_pair_past_the_position_table_counting_start():
+    """A target reads <start> first: 5 tokens need 6 positions.  Of several pairs too long,
+    the longest is named, so the max_len the message gives takes them all."""
+    task = small_task()                                  # sources of 4 tokens, targets of 4 (+1)
+    train, valid = list(task.train), list(task.valid)
+    train[2] = (train[2][0], list("abcab"))              # 5 target tokens: 6 positions
+    valid[1] = (list("abcabca"), valid[1][1])            # 7 source tokens
+    longer = ta.data.Task("reverse", train, task.test, task.src_vocab, task.tgt_vocab, "char", valid=valid)
+    ta.manual_seed(0)
+    model = ta.models.Transformer(task.src_vocab, task.tgt_vocab, d_model=8, nhead=2, num_encoder_layers=1,
+                                  num_decoder_layers=1, dim_feedforward=16, max_len=5)
+    with pytest.raises(ValueError, match=r"^train: valid pair 1 of task 'reverse' has a source of 7 tokens, "
+                                         r"longer than the Transformer's position table \(max_len=5\); build "
+                                         r"the model with max_len >= 7$"):
+        ta.models.train(model, longer, steps=1, batch_size=8, eval_every=1)
+    longer = ta.data.Task("reverse", train, task.test, task.src_vocab, task.tgt_vocab, "char",
+                          valid=task.valid)
+    with pytest.raises(ValueError, match=r"train pair 2 .* a target of 5 tokens \(6 with <start>\).*"
+                                         r"max_len=5\); build the model with max_len >= 6$"):
+        ta.models.train(model, longer, steps=1, batch_size=8, eval_every=1)
+
 def test_train_resume_needs_the_same_model_and_a_training_state(tmp_path):
     task = small_task()
     ta.models.train(small_model(task), task, steps=2, batch_size=8, eval_every=0,

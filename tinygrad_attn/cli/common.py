@@ -4,7 +4,6 @@ model and thread options, checkpoints and sources read from the user."""
 from __future__ import annotations
 
 import argparse
-import inspect
 import math
 import os
 import stat
@@ -14,6 +13,9 @@ from pathlib import Path
 import tinygrad_attn as ta
 
 from ..arguments import check_writable_file
+from ..autograd import ShapeError
+from ..models.decoding import check_source_lengths
+from ..models.evaluation import decoding_compiles
 from ..serialize import SerializationError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -114,11 +116,11 @@ def add_compile(parser: argparse.ArgumentParser) -> None:
 
 def compile_options(args, model) -> dict:
     """``--compile`` as a keyword argument of the decoders, refused for a model whose decoding
-    does not compile (a usage error, before any work): the check ``ta.models.evaluate`` makes,
-    a ``greedy`` that takes ``compile`` (the Transformer's and the Seq2Seq's)."""
+    does not compile (a usage error, before any work): the decoders' own test,
+    ``decoding_compiles`` (the Transformer and the Seq2Seq pass it)."""
     if not args.compile:
         return {}
-    if "compile" not in inspect.signature(model.greedy).parameters:
+    if not decoding_compiles(model):
         raise UsageError(f"--compile decodes a checkpoint whose decoding compiles; this one holds a "
                          f"{type(model).__name__}, which decodes eagerly (leave --compile out)")
     return {"compile": True}
@@ -263,18 +265,16 @@ def inputs_of(flags: dict) -> list[tuple[str, str]]:
     return [(f"{flag} {path}", path) for flag, path in flags.items() if path is not None]
 
 
-def table_size(model) -> int | None:
-    """The longest source ``model`` reads (a Transformer's position table); None: no limit."""
-    return None if model is None else model.max_src_len
-
-
 def check_length(tokens, model, what: str) -> None:
-    """Refuse a source longer than the model's position table, before any work."""
-    limit = table_size(model)
-    if limit is not None and len(tokens) > limit:
-        raise UsageError(f"{what} has {len(tokens)} tokens, more than the model's position table holds "
-                         f"(max_len {limit}); shorten it, or train a model with --max-len {len(tokens)} "
-                         f"or more")
+    """Refuse a source longer than ``model``'s position table (None: no model yet), before any
+    work: the decoders' own rule (``check_source_lengths``), worded for a command line, with
+    the source as the user gave it and the ``--max-len`` of a model that reads it."""
+    try:
+        check_source_lengths(model, [len(tokens)], what)
+    except ShapeError:
+        raise UsageError(f"{what} has {len(tokens)} tokens, longer than the {type(model).__name__}'s "
+                         f"position table (max_len={model.max_src_len}); shorten it, or train a model with "
+                         f"--max-len {len(tokens)} or more") from None
 
 
 @contextmanager

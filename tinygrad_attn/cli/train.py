@@ -10,6 +10,7 @@ from pathlib import Path
 
 import tinygrad_attn as ta
 
+from ..models.training import check_position_table
 from ..serialize import atomic_file, write_text
 from .common import (
     ARCHS,
@@ -244,19 +245,14 @@ def _check_outputs(out: Path, inputs) -> None:
 
 
 def _check_position_table(task, max_len: int) -> None:
-    """Every pair must fit the Transformer's position table: its source, and its target with
-    <start> (read while training) or <end> (produced when decoding)."""
-    longest, where = 0, None
-    for split in ("train", "valid", "test"):
-        for source, target in getattr(task, split):
-            if max(len(source), len(target) + 1) > longest:
-                longest = max(len(source), len(target) + 1)
-                where = (split, f"a source of {len(source)} tokens" if len(source) == longest
-                         else f"a target of {len(target)} tokens ({longest} with <start>)")
-    if longest > max_len:
-        split, what = where
-        raise UsageError(f"--arch transformer: a {split} pair has {what}, more than the position table "
-                         f"holds (--max-len {max_len}); give --max-len {longest} or more")
+    """Every pair must fit the Transformer's position table, before the model is built: the
+    library's rule (``check_position_table``), over the test split too (the run ends by
+    decoding it), naming the --max-len that takes every pair."""
+    try:
+        check_position_table(task, max_len, max_len, "Transformer", splits=("train", "valid", "test"),
+                             where="--arch transformer", fix="give --max-len {} or more")
+    except ValueError as err:
+        raise UsageError(str(err)) from None
 
 
 def _resume(args) -> int:

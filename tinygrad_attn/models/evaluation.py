@@ -54,6 +54,13 @@ def translate_tokens(model: Model, sources: Sequence, src_vocab: data.Vocab, tgt
                       "translate_tokens", compile)
 
 
+def decoding_compiles(model) -> bool:
+    """Whether ``model``'s decoders take ``compile=True`` (replay ``ta.compile`` plans): a
+    ``greedy`` with a ``compile`` parameter, as the Transformer's and the Seq2Seq's.  What
+    ``compile=True`` here, and the command line's ``--compile``, ask of a model."""
+    return "compile" in inspect.signature(model.greedy).parameters
+
+
 def _translate(model, sources, src_vocab, tgt_vocab, max_len, beam, batch_size, n_best, length_penalty,
                where: str, compile: bool = False) -> list:  # noqa: A002
     """``translate_tokens``, its errors naming ``where`` (the public function called)."""
@@ -63,7 +70,7 @@ def _translate(model, sources, src_vocab, tgt_vocab, max_len, beam, batch_size, 
         raise ValueError(f"{where}: n_best={n_best} needs a beam of at least {n_best}, got beam={beam}")
     lengths = [len(source) for source in sources]
     check_source_lengths(model, lengths, where)
-    if compile and "compile" not in inspect.signature(model.greedy).parameters:
+    if compile and not decoding_compiles(model):
         raise ValueError(f"{where}: compile=True needs a model whose decoding compiles (a Transformer or a "
                          f"Seq2Seq); {type(model).__name__} decodes eagerly")
     compiled = {"compile": True} if compile else {}

@@ -160,7 +160,7 @@ def train(model: Model, task: data.Task, steps: int = 1000, batch_size: int = 64
     settings = _settings(task, steps, batch_size, lr, clip, seed, eval_every, patience, schedule, warmup,
                          bucket)
     _check_vocab_sizes(model, task)
-    _check_position_table(model, task)
+    check_position_table(task, model.max_src_len, model.max_tgt_len, type(model).__name__)
     run = _Run(model, task, settings, optimizer, checkpoint, extras or {})
     if resume:
         run.restore(steps)
@@ -206,24 +206,33 @@ def _check_arguments(model, task, time_limit, callback, optimizer, checkpoint, r
         raise ValueError(f"train: resume=True but the checkpoint {str(path)!r} does not exist")
 
 
-def _check_position_table(model: Model, task: data.Task) -> None:
-    """A Transformer's positions stop at ``max_len``: a longer pair would end the run at the
-    first batch (or evaluation) that holds it, after hours perhaps."""
-    source_limit, target_limit = model.max_src_len, model.max_tgt_len
-    if source_limit is None and target_limit is None:
+def check_position_table(task: data.Task, max_src_len: int | None, max_tgt_len: int | None, owner: str,
+                         splits: tuple = ("train", "valid"), where: str = "train",
+                         fix: str = "build the model with max_len >= {}") -> None:
+    """Refuse a pair of ``task``'s ``splits`` longer than a position table of ``max_src_len``
+    source and ``max_tgt_len`` target positions (None: no limit; ``owner``: the model's class),
+    before a run: it would end the run at the first batch (or evaluation) that holds it, after
+    hours perhaps.  The ValueError starts with ``where`` and names the longest such pair, so
+    one ``fix`` (formatted with the length that holds it) takes every pair."""
+    if max_src_len is None and max_tgt_len is None:
         return
-    for split in ("train", "valid"):
+    worst = None                    # (tokens needed, split, index, the source sets them, pair)
+    for split in splits:
         for index, (source, target) in enumerate(getattr(task, split)):
             # The decoder reads <start> + target and predicts target + <end>: one more token.
-            long_source = source_limit is not None and len(source) > source_limit
-            if long_source or (target_limit is not None and len(target) + 1 > target_limit):
-                what = (f"a source of {len(source)} tokens" if long_source else
-                        f"a target of {len(target)} tokens ({len(target) + 1} with <start>)")
-                needed = max(len(source), len(target) + 1)
-                raise ValueError(f"train: {split} pair {index} of task {task.name!r} has {what}, longer than "
-                                 f"the {type(model).__name__}'s position table (max_len="
-                                 f"{source_limit if long_source else target_limit}); build the model with "
-                                 f"max_len >= {needed}")
+            long_source = max_src_len is not None and len(source) > max_src_len
+            long_target = max_tgt_len is not None and len(target) + 1 > max_tgt_len
+            needed = max(len(source) if long_source else 0, len(target) + 1 if long_target else 0)
+            if needed and (worst is None or needed > worst[0]):
+                worst = (needed, split, index, long_source and len(source) == needed, source, target)
+    if worst is None:
+        return
+    needed, split, index, by_source, source, target = worst
+    what = (f"a source of {len(source)} tokens" if by_source else
+            f"a target of {len(target)} tokens ({len(target) + 1} with <start>)")
+    raise ValueError(f"{where}: {split} pair {index} of task {task.name!r} has {what}, longer than the "
+                     f"{owner}'s position table (max_len={max_src_len if by_source else max_tgt_len}); "
+                     f"{fix.format(needed)}")
 
 
 def _settings(task, steps, batch_size, lr, clip, seed, eval_every, patience, schedule, warmup,
