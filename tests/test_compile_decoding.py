@@ -400,3 +400,59 @@ def test_a_model_that_decoded_compiled_is_freed():
     del model, seq2seq
     gc.collect()
     assert [r() for r in refs] == [None, None]
+
+
+# ---------------------------------------------------------------- the step's weights
+
+
+def test_a_decode_multiplies_by_copies_of_the_weights_as_they_are_at_its_start():
+    """The cache holds each step weight as a ``rows_layout`` copy (the module's values, laid
+    out transposed on the host): made at every decode's start, so after the weights change in
+    place (here by a compiled training step, which bumps no version) the next compiled decode
+    reads the new values: it equals the eager decode bit for bit and the decode without a
+    cache (which reads the modules' weights) to rounding."""
+    m = model()
+    m.eval()
+    src = sources(4, 7, seed=3)
+    layer = m.transformer.decoder.layers[0]
+    with ta.no_grad():
+        memory = m.encode(src)
+    cache = layer.start_cache(memory, 5)
+    pairs = [(cache.self_in_weight, layer.self_attn.in_proj_weight),
+             (cache.self_out_weight, layer.self_attn.out_proj.weight),
+             (cache.cross_out_weight, layer.multihead_attn.out_proj.weight),
+             (cache.linear1_weight, layer.linear1.weight), (cache.linear2_weight, layer.linear2.weight)]
+    for copy, weight in pairs:
+        assert copy.shape == weight.shape and not copy.requires_grad
+        np.testing.assert_array_equal(copy.numpy(), weight.numpy())
+        assert copy._data.flags.f_contiguous and copy._data is not weight._data
+    before = m.greedy(src, max_len=6, hypotheses=True, compile=True)
+
+    m.train()
+    optimizer = ta.optim.Adam(m.parameters(), lr=0.05)
+    tgt = np.random.default_rng(4).integers(3, 22, size=(4, 6))
+    tgt_in = np.concatenate([np.ones((4, 1), np.int64), tgt[:, :-1]], axis=1)
+
+    @ta.compile
+    def step(src_ids, tgt_in_ids, tgt_ids):
+        optimizer.zero_grad()
+        loss = m.loss(src_ids, tgt_in_ids, tgt_ids)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    ids = tuple(ta.Tensor(a) for a in (src, tgt_in, tgt))
+    for _ in range(3):
+        step(*ids)
+    assert step.stats.replays >= 1
+    m.eval()
+    after = m.greedy(src, max_len=6, hypotheses=True, compile=True)
+    eager = m.greedy(src, max_len=6, hypotheses=True)
+    assert [h.log_prob for h in after] == [h.log_prob for h in eager]
+    assert [h.tokens for h in after] == [h.tokens for h in eager]
+    # The decode without a cache reads the modules' weights themselves: a copy kept from an
+    # earlier decode would be far off it.
+    uncached = m.greedy(src, max_len=6, hypotheses=True, use_cache=False)
+    assert [h.tokens for h in after] == [h.tokens for h in uncached]
+    np.testing.assert_allclose([h.log_prob for h in after], [h.log_prob for h in uncached], rtol=1e-5)
+    assert not np.allclose([h.log_prob for h in after], [h.log_prob for h in before], rtol=1e-3)

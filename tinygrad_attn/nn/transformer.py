@@ -27,6 +27,7 @@ from ..autograd import scope
 from ..tensor import Tensor
 from . import init
 from .attention import MultiHeadAttention
+from .attention import rows_layout as attention_rows_layout
 from .layers import Dropout, LayerNorm
 from .linear import Linear
 from .module import Module, ModuleList
@@ -78,11 +79,14 @@ class _Layer(Module):
             setattr(self, f"norm{i}", LayerNorm(d_model, eps=layer_norm_eps, bias=bias))
             setattr(self, f"dropout{i}", Dropout(dropout))
 
-    def _feed_forward(self, x: Tensor) -> Tensor:
+    def _feed_forward(self, x: Tensor, weights: tuple | None = None) -> Tensor:
+        """``weights``: linear1's and linear2's weights to use (a decode's ``rows_layout``
+        copies), by default the modules' own."""
+        W_1, W_2 = (self.linear1.weight, self.linear2.weight) if weights is None else weights
         with scope(scopes.FEED_FORWARD):
-            h = self.linear1(x)
+            h = F.linear(x, W_1, self.linear1.bias)
             h = h.relu() if self.activation == "relu" else F.gelu(h)
-            return self.linear2(self.dropout(h))
+            return F.linear(self.dropout(h), W_2, self.linear2.bias)
 
     def _sublayer(self, x: Tensor, norm: LayerNorm, dropout: Dropout, block) -> Tensor:
         if self.norm_first:
@@ -162,11 +166,18 @@ class TransformerDecoderLayer(_Layer):
     # ------------------------------------------------------------ decoding a token at a time
 
     def cache(self, keys: Tensor, values: Tensor, memory_keys: Tensor, memory_values: Tensor,
-              slots: Tensor | None = None) -> DecoderCache:
+              slots: Tensor | None = None, rows_layout: bool = False) -> DecoderCache:
         """A ``DecoderCache`` of these keys and values (``start_cache`` makes them from the
-        memory); ``slots`` (L,) int64 0 .. L - 1 marks preallocated self-attention buffers."""
+        memory); ``slots`` (L,) int64 0 .. L - 1 marks preallocated self-attention buffers.
+        ``rows_layout``: the cache also holds the step's weights as ``rows_layout`` copies
+        (what a decode's steps multiply by, a few rows at a time)."""
         W_q, b_q = self.multihead_attn.query_projection()
-        return DecoderCache(keys, values, memory_keys, memory_values, W_q, b_q, slots)
+        if not rows_layout:
+            return DecoderCache(keys, values, memory_keys, memory_values, W_q, b_q, slots)
+        layout = [attention_rows_layout(w) for w in (
+            W_q, self.self_attn.in_proj_weight, self.self_attn.out_proj.weight,
+            self.multihead_attn.out_proj.weight, self.linear1.weight, self.linear2.weight)]
+        return DecoderCache(keys, values, memory_keys, memory_values, layout[0], b_q, slots, *layout[1:])
 
     def start_cache(self, memory: Tensor, length: int | None = None) -> DecoderCache:
         """The cache a decode of ``memory`` (B, S, d_model) starts from: the cross-attention's
@@ -178,7 +189,8 @@ class TransformerDecoderLayer(_Layer):
         size = (batch, heads, 0 if length is None else length, depth)
         keys, values = (Tensor.zeros(*size, dtype=memory.dtype, device=memory.device) for _ in range(2))
         slots = None if length is None else Tensor.arange(length, dtype="int64", device=memory.device)
-        return self.cache(keys, values, memory_keys, memory_values, slots)
+        packed = "in_proj_weight" in self.self_attn._parameters
+        return self.cache(keys, values, memory_keys, memory_values, slots, rows_layout=packed)
 
     def step(self, x: Tensor, cache: DecoderCache, memory_mask=None, position: Tensor | None = None,
              need_weights: bool = False):
@@ -197,19 +209,26 @@ class TransformerDecoderLayer(_Layer):
 
         def attend_self(h):
             with scope(scopes.SELF_ATTENTION):
-                out, cache.keys, cache.values = self.self_attn.step(h, cache.keys, cache.values, position)
+                weights = None if cache.self_in_weight is None else (cache.self_in_weight,
+                                                                        cache.self_out_weight)
+                out, cache.keys, cache.values = self.self_attn.step(h, cache.keys, cache.values, position,
+                                                                    weights)
                 return out
 
         def attend_memory(h):
             with scope(scopes.CROSS_ATTENTION):
                 out, found["weights"] = self.multihead_attn.attend(
                     h, cache.query_weight, cache.query_bias, cache.memory_keys, cache.memory_values,
-                    memory_mask, need_weights)
+                    memory_mask, need_weights, cache.cross_out_weight)
                 return out
+
+        def feed_forward(h):
+            return self._feed_forward(h, None if cache.linear1_weight is None else
+                                      (cache.linear1_weight, cache.linear2_weight))
 
         x = self._sublayer(x, self.norm1, self.dropout1, attend_self)
         x = self._sublayer(x, self.norm2, self.dropout2, attend_memory)
-        return self._sublayer(x, self.norm3, self.dropout3, self._feed_forward), found["weights"]
+        return self._sublayer(x, self.norm3, self.dropout3, feed_forward), found["weights"]
 
 
 @dataclass
@@ -225,6 +244,9 @@ class DecoderCache:
     slots: (L,) int64 0 .. L - 1 for a preallocated cache, or None: it marks the cache as
         preallocated (the step then needs the position); the attention reads the keys up to
         the position (``sdpa_prefix``), so no kernel reads ``slots`` itself.
+    self_in_weight, self_out_weight, cross_out_weight, linear1_weight, linear2_weight: the
+        step's other weights as ``rows_layout`` copies made once per decode (as is
+        query_weight then), or None: the step reads the modules' own.
     """
 
     keys: Tensor
@@ -234,6 +256,11 @@ class DecoderCache:
     query_weight: Tensor
     query_bias: Tensor | None
     slots: Tensor | None = None
+    self_in_weight: Tensor | None = None
+    self_out_weight: Tensor | None = None
+    cross_out_weight: Tensor | None = None
+    linear1_weight: Tensor | None = None
+    linear2_weight: Tensor | None = None
 
     def tensors(self) -> tuple:
         """Its tensors in field order (arguments of a compiled step; ``from_tensors`` inverts)."""
