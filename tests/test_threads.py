@@ -106,7 +106,7 @@ tasks = lambda: set(os.listdir("/proc/self/task"))
 rng = np.random.default_rng(0)
 a = rng.random((512, 512))
 seen = []
-for shape in [(32, 20, 4, 32), (2, 256, 4, 32)]:       # small heads (batched), then blocked
+for shape in [(512, 20, 4, 32), (2, 256, 4, 32)]:      # small heads (batched), then blocked
     q, k, v, do = (rng.standard_normal(shape) for _ in range(4))
     seen.append(attention._small_split(q, k))
     o, lse = attention.sdpa(q, k, v, None, 0.2, True)  # the split's own pool started

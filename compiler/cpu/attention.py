@@ -305,7 +305,14 @@ SDPA_SMALL_QUERIES = 4
 # prange loop: with PyTorch imported first Numba runs
 # "workqueue" threads, and a prange forward at (128, 20, 20, 32) took 622 us against 567
 # serially (our threads: 328).  A split costs ~50 us, the forward's sweep ~0.35 ns a unit.
-SDPA_SMALL_SPLIT_MIN = 1 << 19
+# Alone a split halves such a call; inside a step it did not pay (two threads, same-process
+# A/B, 2026-11-25): the Transformer training step at (128 heads, 20 x 20, D 32) took 31.2
+# against 32.3-32.7 ms split, equal at 256 heads of 40 x 40 (184 ms); and a compiled 64 x 30
+# decode, whose encoder attention (256 heads of 20 x 20) split once per decode, fell into a
+# state where every decode took ~1.55x as long (~960 against ~1,530 sentences/s, in two of
+# three processes, for as long as it ran), never seen without the split.  Hence the bound
+# well above those shapes.
+SDPA_SMALL_SPLIT_MIN = 1 << 24
 
 
 def _small_heads(n, t_q, t_k) -> bool:
