@@ -93,6 +93,42 @@ def teacher_forced(model, task, source, rows):
             "decoder": model.layer_attention(weights, "self_attention")[:, 0]}
 
 
+def torch_weights(model, task, source, rows):
+    """The same three kinds as ``teacher_forced``, computed by PyTorch instead: the model's
+    twin (``to_torch()``: torch.nn.Transformer's post-norm layers with the engine's weights)
+    run layer by layer, each layer's attention modules asked for their per-head weights on the
+    inputs that layer receives."""
+    torch = pytest.importorskip("torch")
+    twin = model.to_torch().eval()
+    ids = task.tgt_vocab.encode([t for t in rows if t != "<end>"], end="<end>" in rows)
+    src = torch.from_numpy(ta.data.encode_batch([source], task.src_vocab))
+    tgt_in = torch.from_numpy(np.array([[ta.data.START, *ids[: len(rows) - 1]]]))
+    length = tgt_in.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool).triu(1)               # True: may not attend
+    found = {"encoder": [], "cross": [], "decoder": []}
+
+    def heads(attention, query, key, **masks):
+        return attention(query, key, key, need_weights=True, average_attn_weights=False, **masks)
+
+    with torch.no_grad():
+        x = twin.embed(twin.src_embed, src)
+        for layer in twin.transformer.encoder.layers:
+            assert not layer.norm_first
+            found["encoder"].append(heads(layer.self_attn, x, x, key_padding_mask=src == 0)[1][0])
+            x = layer(x, src_key_padding_mask=src == 0)
+        memory = twin.encode(src)
+        x = twin.embed(twin.tgt_embed, tgt_in)
+        for layer in twin.transformer.decoder.layers:
+            out, weights = heads(layer.self_attn, x, x, attn_mask=causal)
+            found["decoder"].append(weights[0])
+            x = layer.norm1(x + out)
+            out, weights = heads(layer.multihead_attn, x, memory, key_padding_mask=src == 0)
+            found["cross"].append(weights[0])
+            x = layer.norm3(layer.norm2(x + out) + layer.linear2(layer.activation(layer.linear1(
+                layer.norm2(x + out)))))
+    return {kind: torch.stack(weights).numpy() for kind, weights in found.items()}
+
+
 # ---------------------------------------------------------------- the weights
 
 
@@ -110,6 +146,11 @@ def test_explore_transformer_embeds_every_layer_and_head_of_the_models_weights(t
     np.testing.assert_allclose(page["encoder"], reference["encoder"], atol=1e-6)
     np.testing.assert_allclose(hyp["cross"], reference["cross"], atol=1e-6)
     np.testing.assert_allclose(hyp["decoder"], reference["decoder"], atol=1e-6)
+    # And against PyTorch's own attention modules, which share no code with the engine.
+    theirs = torch_weights(transformer, task, source, hyp["rows"])
+    np.testing.assert_allclose(page["encoder"], theirs["encoder"], atol=1e-5)
+    np.testing.assert_allclose(hyp["cross"], theirs["cross"], atol=1e-5)
+    np.testing.assert_allclose(hyp["decoder"], theirs["decoder"], atol=1e-5)
     assert np.shape(hyp["cross"]) == (2, 2, MAX_LEN, len(source))
     assert np.shape(hyp["decoder"]) == (2, 2, MAX_LEN, MAX_LEN)
     # The decode's own weights (cached, step by step) are the last layer's, averaged over heads.
