@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import tinygrad_attn as ta
@@ -395,3 +396,36 @@ def test_cli_graph_errors_are_one_line_with_status_2(tmp_path, copy_checkpoint, 
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "Graphviz's 'dot' program was not found" in err
     assert "graph.dot" in err                                # the way out: write the DOT source
+
+
+def test_cli_train_label_smoothing_and_checkpoint_averaging_reach_the_run(tmp_path, capsys):
+    """--label-smoothing and --average-last are the run's settings (resumed with it, refused
+    changed) and the checkpoint holds the mean of the last evaluations' weights."""
+    out = tmp_path / "avg.ckpt"
+    rng = np.random.default_rng(0)
+    for name, count in (("train", 200), ("valid", 20)):
+        words = ["".join(rng.choice(list("abcdef"), 4)) for _ in range(count)]
+        (tmp_path / f"{name}.tsv").write_text("".join(f"{w}\t{w[::-1]}\n" for w in words))
+    argv = ["train", "--data", str(tmp_path / "train.tsv"), "--valid", str(tmp_path / "valid.tsv"),
+            "--steps", "12", "--hidden", "8", "--embed", "4", "--eval-every", "4",
+            "--label-smoothing", "0.1", "--average-last", "2", "--no-progress", "--out", str(out)]
+    assert cli.main(argv) == 0
+    printed = capsys.readouterr().out
+    saved = ta.load(out)
+    assert saved["training"]["settings"]["label_smoothing"] == 0.1
+    assert saved["training"]["settings"]["average_last"] == 2
+    assert saved["extras"]["averaged_steps"] == [8, 12]
+    assert "the mean of the weights at steps 8, 12 is in" in printed
+    # The file's weights are the mean of the two evaluations' snapshots the run kept.
+    snapshots = saved["training"]["snapshots"]
+    assert [entry["step"] for entry in snapshots] == [8, 12]
+    model, _ = ta.models.load_checkpoint(out)
+    for name, value in model.state_dict().items():
+        want = (snapshots[0]["weights"][name].astype(np.float64) + snapshots[1]["weights"][name]) / 2
+        np.testing.assert_array_equal(value, want.astype(value.dtype))
+    # A resumed run keeps them: a different value is refused, naming the run's.
+    assert cli.main(["train", "--resume", str(out), "--steps", "16", "--label-smoothing", "0.2",
+                     "--no-progress"]) == 2
+    assert "--label-smoothing 0.2 (the run's: 0.1)" in capsys.readouterr().err
+    assert cli.main(["train", "--label-smoothing", "1"]) == 2
+    assert "expected a number in [0, 1)" in capsys.readouterr().err

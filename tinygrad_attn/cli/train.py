@@ -45,14 +45,14 @@ sequence_length = number_type(int, lambda v: 1 <= v <= MAX_LENGTH, f"an integer 
 # What a checkpoint records of its run: given with --resume, each must have the run's value.
 _DATA_FLAGS = ("data", "valid", "test")
 _SETTING_FLAGS = ("batch_size", "lr", "seed", "eval_every", "patience", "schedule", "warmup", "clip",
-                  "bucket")
+                  "bucket", "label_smoothing", "average_last")
 _RUN_FLAGS = ("task", *_DATA_FLAGS, "src_tokens", "tgt_tokens", "length", "stress", "arch", "cell",
               "attention", "style", "embed", "hidden", "layers", "bidirectional", "d_model", "heads", "ff",
               "max_len", "dropout", *_SETTING_FLAGS)
 # Training writes the checkpoint many times and reads it back: a FIFO or a device cannot hold it.
 _REREAD = "training writes the checkpoint many times and reads it back"
 DEFAULTS = dict(TRAIN_MODEL, dropout=0.0, batch_size=64, lr=3e-3, seed=0, schedule="constant", warmup=0,
-                clip=1.0, steps=1500, bucket=1)
+                clip=1.0, steps=1500, bucket=1, label_smoothing=0.0, average_last=0)
 
 
 def add_parser(commands) -> None:
@@ -104,6 +104,12 @@ def add_parser(commands) -> None:
                      help="seeds the weights and batches (default 0)")
     run.add_argument("--eval-every", type=non_negative_int, default=None, metavar="STEPS",
                      help="score the validation split every STEPS steps (default: 10 times a run; 0: never)")
+    run.add_argument("--label-smoothing", type=probability, default=None, metavar="EPS",
+                     help="the training loss spreads EPS of each target token's probability over the "
+                          "vocabulary (default 0; validation loss stays unsmoothed)")
+    run.add_argument("--average-last", type=positive_int, default=None, metavar="N",
+                     help="end with the mean of the weights at the last N evaluations (checkpoint "
+                          "averaging) instead of the best ones, in the model and the checkpoint")
     run.add_argument("--patience", type=positive_int, default=None, metavar="EVALS",
                      help="stop after EVALS evaluations without a better validation exact match")
     run.add_argument("--time-limit", type=positive_float, default=None, metavar="SECONDS",
@@ -231,7 +237,8 @@ def run_train(args) -> int:
     options = dict(steps=settings["steps"], batch_size=settings["batch_size"], lr=settings["lr"],
                    clip=settings["clip"], seed=settings["seed"], schedule=settings["schedule"],
                    warmup=settings["warmup"], eval_every=args.eval_every, patience=args.patience,
-                   bucket=settings["bucket"])
+                   bucket=settings["bucket"], label_smoothing=settings["label_smoothing"],
+                   average_last=settings["average_last"])
     return _run(model, task, out, source, options, args, resume=False)
 
 
@@ -377,10 +384,13 @@ def _run(model, task, out: Path, source: dict, options: dict, args, resume: bool
         progress.close()
     if history:
         print(describe_training(history, steps, args.time_limit))
-    best = ta.load(out)["extras"]["best"]
+    extras = ta.load(out)["extras"]
+    best, averaged = extras["best"], extras.get("averaged_steps")
     if best["exact_match"] is not None:
+        kept = (f"the mean of the weights at steps {', '.join(map(str, averaged))} is in {out}" if averaged
+                else f"those weights are in {out}")
         print(f"best validation exact match {best['exact_match']:.1%} at step {best['step']} "
-              f"(loss {best['loss']:.4g}); those weights are in {out}")
+              f"(loss {best['loss']:.4g}); {kept}")
     if task.test:
         metrics = ta.models.evaluate(model, task.test, task.src_vocab, task.tgt_vocab)
         print(f"held-out test set, greedy: {format_metrics(metrics)}")
