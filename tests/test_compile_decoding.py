@@ -154,6 +154,33 @@ def test_layer_step_on_a_preallocated_cache_equals_forward_on_the_prefix_and_the
         layer.step(x[:, :1], static, mask, ta.Tensor(np.array(0, dtype=np.int64)))
 
 
+def test_a_preallocated_cache_is_marked_by_its_length_not_by_a_tensor_the_step_takes():
+    """``slots`` is the preallocated length as an int (None: growing); the compiled step's
+    inputs are the token, the position, the mask and the caches' keys, values and weights,
+    with no per-layer index tensor among them."""
+    m = model()
+    m.eval()
+    src = sources(3, 5, seed=2)
+    layer = m.transformer.decoder.layers[0]
+    with ta.no_grad():
+        memory = m.encode(src)
+    static, growing = layer.start_cache(memory, 7), layer.start_cache(memory)
+    assert type(static.slots) is int and static.slots == 7 and static.keys.shape[2] == 7
+    assert growing.slots is None
+    assert len(static.tensors()) == len(ta.nn.DecoderCache.tensor_names())
+    assert all(x is None or isinstance(x, ta.Tensor) for x in static.tensors())
+    again = ta.nn.DecoderCache.from_tensors(static.tensors(), slots=7)
+    assert again.slots == 7 and again.keys is static.keys and again.linear2_weight is static.linear2_weight
+    with pytest.raises(TypeError, match="slots"):
+        layer.cache(static.keys, static.values, static.memory_keys, static.memory_values,
+                    ta.Tensor.arange(7, dtype="int64"))
+
+    m.greedy(src, max_len=5, compile=True)
+    title = _COMPILED[m].source.split("inputs ", 1)[1].split(";")[0]
+    # tokens (N, 1) and the position (), nothing else of int64
+    assert title.count("int64") == 2, title
+
+
 # ---------------------------------------------------------------- eager against the uncached decoder
 
 

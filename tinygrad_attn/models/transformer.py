@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import weakref
 from contextlib import nullcontext
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -429,8 +429,10 @@ class Transformer(TorchTwin, nn.Module):
     def _step(self, tokens: Tensor, position: Tensor, memory_mask: Tensor, *flat: Tensor):
         """A cached decode's step as a function of tensors alone (what ``compile`` captures):
         (logits (N, 1, V), the last layer's cross-attention (N, H, 1, S) or None)."""
-        size = len(fields(DecoderCache))
-        caches = [DecoderCache.from_tensors(flat[k:k + size]) for k in range(0, len(flat), size)]
+        size = len(DecoderCache.tensor_names())
+        # The caches are preallocated (the step has a position): their length is the keys'.
+        caches = [DecoderCache.from_tensors(flat[k:k + size], slots=flat[k].shape[2])
+                  for k in range(0, len(flat), size)]
         h, weights = self.decoder_step(tokens, caches, memory_mask, position, need_weights=True)
         return self.out(h), weights
 

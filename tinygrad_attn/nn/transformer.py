@@ -166,11 +166,13 @@ class TransformerDecoderLayer(_Layer):
     # ------------------------------------------------------------ decoding a token at a time
 
     def cache(self, keys: Tensor, values: Tensor, memory_keys: Tensor, memory_values: Tensor,
-              slots: Tensor | None = None, rows_layout: bool = False) -> DecoderCache:
+              slots: int | None = None, rows_layout: bool = False) -> DecoderCache:
         """A ``DecoderCache`` of these keys and values (``start_cache`` makes them from the
-        memory); ``slots`` (L,) int64 0 .. L - 1 marks preallocated self-attention buffers.
+        memory); ``slots``: the positions L of preallocated self-attention buffers (keys and
+        values (B, H, L, D)), or None for growing ones.
         ``rows_layout``: the cache also holds the step's weights as ``rows_layout`` copies
         (what a decode's steps multiply by, a few rows at a time)."""
+        slots = check_int(slots, "slots", "TransformerDecoderLayer.cache", 0, optional=True)
         W_q, b_q = self.multihead_attn.query_projection()
         if not rows_layout:
             return DecoderCache(keys, values, memory_keys, memory_values, W_q, b_q, slots)
@@ -188,9 +190,8 @@ class TransformerDecoderLayer(_Layer):
         batch, heads, _, depth = memory_keys.shape
         size = (batch, heads, 0 if length is None else length, depth)
         keys, values = (Tensor.zeros(*size, dtype=memory.dtype, device=memory.device) for _ in range(2))
-        slots = None if length is None else Tensor.arange(length, dtype="int64", device=memory.device)
         packed = "in_proj_weight" in self.self_attn._parameters
-        return self.cache(keys, values, memory_keys, memory_values, slots, rows_layout=packed)
+        return self.cache(keys, values, memory_keys, memory_values, length, rows_layout=packed)
 
     def step(self, x: Tensor, cache: DecoderCache, memory_mask=None, position: Tensor | None = None,
              need_weights: bool = False):
@@ -241,9 +242,10 @@ class DecoderCache:
     memory_keys, memory_values: the cross-attention's, of the memory, (B, H, S, D).
     query_weight, query_bias: the cross-attention's query projection (E, E), (E,) or None,
         sliced once per decode.
-    slots: (L,) int64 0 .. L - 1 for a preallocated cache, or None: it marks the cache as
-        preallocated (the step then needs the position); the attention reads the keys up to
-        the position (``sdpa_prefix``), so no kernel reads ``slots`` itself.
+    slots: the length L of a preallocated cache, or None for a growing one: it marks the
+        cache as preallocated (the step then needs the position).  A plain int beside the
+        tensors, not one of them: the attention reads the keys up to the position
+        (``sdpa_prefix``), so no kernel needs it, and a compiled step takes only ``tensors()``.
     self_in_weight, self_out_weight, cross_out_weight, linear1_weight, linear2_weight: the
         step's other weights as ``rows_layout`` copies made once per decode (as is
         query_weight then), or None: the step reads the modules' own.
@@ -255,7 +257,7 @@ class DecoderCache:
     memory_values: Tensor
     query_weight: Tensor
     query_bias: Tensor | None
-    slots: Tensor | None = None
+    slots: int | None = None
     self_in_weight: Tensor | None = None
     self_out_weight: Tensor | None = None
     cross_out_weight: Tensor | None = None
@@ -263,12 +265,18 @@ class DecoderCache:
     linear2_weight: Tensor | None = None
 
     def tensors(self) -> tuple:
-        """Its tensors in field order (arguments of a compiled step; ``from_tensors`` inverts)."""
-        return tuple(getattr(self, f.name) for f in fields(self))
+        """Its tensors (or None) in field order, ``slots`` left out: the arguments of a compiled
+        step (``from_tensors`` inverts)."""
+        return tuple(getattr(self, name) for name in self.tensor_names())
 
     @classmethod
-    def from_tensors(cls, tensors) -> DecoderCache:
-        return cls(*tensors)
+    def tensor_names(cls) -> tuple[str, ...]:
+        """The fields ``tensors`` gives, in its order."""
+        return tuple(f.name for f in fields(cls) if f.name != "slots")
+
+    @classmethod
+    def from_tensors(cls, tensors, slots: int | None = None) -> DecoderCache:
+        return cls(**dict(zip(cls.tensor_names(), tensors, strict=True)), slots=slots)
 
 
 def _clones(layer: Module, num_layers: int) -> ModuleList:
