@@ -447,3 +447,41 @@ def test_cuda_fused_kernel_equals_the_unfused_chain():
         chain = fusing.Chain(formula, "cuda", tuple(members), (), shapes, "float64")
         (report,) = ta.check.fused(chain)
         assert report.ok, str(report)
+
+
+# ---------------------------------------------------------------- which op made each entry
+
+
+def test_each_entry_names_the_op_and_backward_visit_that_made_it():
+    # a is read twice by the chain (mul, add) and once outside it (the second sum): what a
+    # pass replacing a chain's backward must tell apart, op by op.
+    def fn(a, b):
+        loss = (a * b + a).sum() + a.sum()
+        loss.backward()
+        return loss
+
+    step = ta.compile(fn)
+    a = ta.Tensor(np.arange(1.0, 5.0), requires_grad=True)
+    b = ta.Tensor(np.full(4, 3.0), requires_grad=True)
+    step(a, b)
+    plan = step.plans[0]
+    numbers: dict = {}
+    for k, record in sorted(plan.ops.items()):
+        numbers.setdefault(record.name, k)          # the first Add is the chain's a*b + a
+    mul, add = plan.ops[numbers["Mul"]], plan.ops[numbers["Add"]]
+    assert mul.inputs == (id(a), id(b)) and mul.slots[0] == plan.inputs[0]
+    assert add.inputs[1] == id(a) and add.slots[1] == plan.inputs[0]
+    mul_out = next(e.outs.index for e in plan.entries if e.site == ("forward", numbers["Mul"]))
+    assert add.slots[0] == mul_out                     # add reads mul's result
+    visit = plan.visits[("backward", numbers["Mul"], 0)]
+    assert visit.op == numbers["Mul"] and len(visit.returned) == 2
+    made = {e.outs.index: e.kernel for e in plan.entries
+            if e.site == ("backward", numbers["Mul"], 0) and hasattr(e, "kernel")}
+    # Mul's two gradients are its own kernels' results (b*dy, a*dy), not its dy.
+    assert {made[s] for s in visit.returned} == {"mul_back_a", "mul_back_b"}
+    assert visit.dy not in visit.returned
+    # Add's gradient reaches both its inputs unchanged: the returned slots are its dy.
+    add_visit = plan.visits[("backward", numbers["Add"], 0)]
+    assert add_visit.returned == (add_visit.dy, add_visit.dy)
+    assert ("backward", numbers["Add"], 1) not in plan.visits
+    np.testing.assert_allclose(a.grad.numpy(), 3.0 + 1.0 + 1.0)
