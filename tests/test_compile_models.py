@@ -181,8 +181,8 @@ def test_rnn_tensor_mask_masks_every_step_host_mask_skips_unpadded():
     gru = nn.GRU(3, 4)
     x = ta.Tensor(np.random.default_rng(0).standard_normal((2, 5, 3)))
     mask = np.array([[True] * 5, [True, True, True, False, False]])
-    host = gru._mask_columns(mask, (2,), 5, x.dtype)
-    device = gru._mask_columns(ta.Tensor(mask), (2,), 5, x.dtype)
+    host = gru._mask_columns(mask, (2,), 5, x.dtype, x.device)
+    device = gru._mask_columns(ta.Tensor(mask), (2,), 5, x.dtype, x.device)
     assert [c is None for c in host] == [True, True, True, False, False]
     for t in (3, 4):                 # the boolean column selects the state, the 0/1 one masks the output
         np.testing.assert_array_equal(host[t][0], mask[:, t, None])

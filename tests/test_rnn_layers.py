@@ -109,6 +109,35 @@ def test_mask_matches_packed_sequences(kind, bidirectional, layers):
 
 
 @pytest.mark.parametrize("kind", LAYERS)
+def test_host_mask_columns_become_tensors_once_per_call(kind, monkeypatch):
+    """A host mask's padded column is made a device Tensor once per call (and its 0/1 copy
+    once), shared by every layer and direction, not converted again by each; the results are
+    the bits of the same mask given as a Tensor."""
+    ta.manual_seed(9)
+    layer = getattr(nn, kind)(3, 5, num_layers=2, bidirectional=True).double()
+    x = Tensor(np.random.default_rng(10).standard_normal((3, 6, 3)), dtype=np.float64)
+    mask = np.arange(6)[None, :] < np.array([6, 2, 4])[:, None]                     # (B, T)
+    padded = int((~mask.all(axis=0)).sum())                                          # steps 2..5
+    made = []
+    original = Tensor.__init__
+
+    def counting(self, data, *args, **kwargs):
+        if isinstance(data, np.ndarray) and data.shape == (3, 1):
+            made.append(data.dtype)
+        original(self, data, *args, **kwargs)
+
+    monkeypatch.setattr(Tensor, "__init__", counting)
+    out, h_n = layer(x, mask=mask)
+    monkeypatch.undo()
+    assert padded == 4 and len(made) == 2 * padded, made         # a boolean and a 0/1 column each
+    out_tensor_mask, h_tensor_mask = layer(x, mask=Tensor(mask))
+    np.testing.assert_array_equal(out.numpy(), out_tensor_mask.numpy())
+    for ours, theirs in zip(h_n if kind == "LSTM" else (h_n,),
+                            h_tensor_mask if kind == "LSTM" else (h_tensor_mask,), strict=True):
+        np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
+
+
+@pytest.mark.parametrize("kind", LAYERS)
 def test_step_equals_unroll(kind):
     ta.manual_seed(8)
     layer = getattr(nn, kind)(3, 4, num_layers=2).double()

@@ -243,7 +243,7 @@ class _RNNBase(Module):
         for t, x_t in enumerate(xs):
             if x_t.shape != xs[0].shape:
                 raise ShapeError(f"{name}: step {t} has shape {x_t.shape}, step 0 has {xs[0].shape}")
-        keep = self._mask_columns(mask, lead, len(xs), xs[0].dtype)
+        keep = self._mask_columns(mask, lead, len(xs), xs[0].dtype, xs[0].device)
         finals = []
         for layer in range(self.num_layers):
             if layer > 0 and self.dropout > 0.0 and self.training:
@@ -265,10 +265,7 @@ class _RNNBase(Module):
                     with scope(scopes.step(t)), (scope(scopes.REVERSE) if d == 1 else nullcontext()):
                         if self.kind == "gru" and keep[t] is not None:
                             # The GRU's fused node keeps the state at padded rows itself.
-                            column = keep[t][0]
-                            if not isinstance(column, Tensor):
-                                column = Tensor(column, dtype=np.bool_, device=state.device)
-                            state = self._step(xs[t], state, weights, column)
+                            state = self._step(xs[t], state, weights, keep[t][0])
                             outs[t] = state * keep[t][1]
                         else:
                             new = self._step(xs[t], state, weights)
@@ -336,15 +333,16 @@ class _RNNBase(Module):
             x = state[0] if self.kind == "lstm" else state
         return x, new_states
 
-    def _mask_columns(self, mask, lead: tuple, steps: int, dtype) -> list:
-        """Per step: a pair of columns shaped like the step's leading axes plus 1, to
-        broadcast over H, the boolean one and the same as 0/1 in ``dtype``; or None, where
-        the step needs no masking.  A GRU's fused node keeps the state at padded rows
-        itself (``GRUCell(masked=True)``); the other cells' state is selected with
-        ``where``.  The output is multiplied by the 0/1 column (h * 1 is h; h * 0 is 0,
-        -0.0 where h < 0: the same number, and a cell's h is finite), one Mul node whose
-        backward is one product, where ``where(keep, h, 0.0)`` also ran a fill, two selects
-        and a sum for the constant's gradient, at every padded step.
+    def _mask_columns(self, mask, lead: tuple, steps: int, dtype, device: str) -> list:
+        """Per step: a pair of Tensor columns on ``device`` shaped like the step's leading axes
+        plus 1, to broadcast over H, the boolean one and the same as 0/1 in ``dtype``; or
+        None, where the step needs no masking; every layer and direction reads the same pair.
+        A GRU's fused node keeps the state at padded rows itself (``GRUCell(masked=True)``);
+        the other cells' state is selected with ``where``.  The output is multiplied by the
+        0/1 column (h * 1 is h; h * 0 is 0, -0.0 where h < 0: the same number, and a cell's h
+        is finite), one Mul node whose backward is one product, where ``where(keep, h, 0.0)``
+        also ran a fill, two selects and a sum for the constant's gradient, at every padded
+        step.
 
         A host mask's columns of real tokens only are None: those steps skip the ``where``
         ops (an eager speed-up on batches with little padding).  A Tensor mask is not read
@@ -366,8 +364,13 @@ class _RNNBase(Module):
             columns = mask.transpose(0, 1).reshape(steps, *lead, 1)              # (T, *lead, 1)
             numbers = columns.astype(dtype)
             return [(columns[t], numbers[t]) for t in range(steps)]
+        # A host column becomes device Tensors here, once per call: left as an array, every
+        # layer and direction would convert it again (the GRU's keep, where's condition, the
+        # output's 0/1 factor).
         columns = [None if column.all() else column.reshape(lead + (1,)) for column in mask.T]
-        return [None if column is None else (column, column.astype(dtype)) for column in columns]
+        return [None if column is None else (Tensor(column, dtype=np.bool_, device=device),
+                                             Tensor(column.astype(dtype), dtype=dtype, device=device))
+                for column in columns]
 
     def _masked(self, new, old, keep):
         """(output, state) of a step: at padded rows the state stays and the output is 0.
