@@ -31,8 +31,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Recorder", "Slot", "Const", "View", "Call", "OpRecord", "BackwardVisit", "HOST_READS",
-           "recording_all", "slot_indices"]
+__all__ = ["Recorder", "Slot", "Const", "View", "Call", "HOST_READS", "recording_all", "slot_indices"]
 
 # Kernels that copy a device value to the host, where Python can read (and freeze) it.
 HOST_READS = frozenset({"to_numpy"})
@@ -64,9 +63,7 @@ class Call:
 
     ``args``/``kwargs`` hold Slots, Consts, literals and lists/tuples of them; ``outs`` is a
     Slot, a tuple or list of Slots, or None.  ``tag`` is what the engine was doing (e.g.
-    ``("forward", "Linear", "encoder/0")``), for the generated source's comments; ``site``
-    which op's forward or which backward visit made the call (``Recorder.site``), so a pass
-    over the entries can tell apart two ops of one name and scope.
+    ``("forward", "Linear", "encoder/0")``), for the generated source's comments.
     """
 
     device: str
@@ -75,7 +72,6 @@ class Call:
     kwargs: dict
     outs: Any
     tag: tuple = ()
-    site: Any = None
 
 
 @dataclass
@@ -89,28 +85,6 @@ class View:
     strides: tuple
     dtype: np.dtype
     tag: tuple = ()
-    site: Any = None
-
-
-@dataclass
-class OpRecord:
-    """One op the engine ran while recording: its name and, per input, the key of the tensor
-    (distinct while the capture lasts) and the slot of its array."""
-
-    name: str
-    inputs: tuple = ()
-    slots: tuple = ()
-
-
-@dataclass
-class BackwardVisit:
-    """One run of an op's backward while recording (entries with ``site`` ``("backward", op,
-    visit)``): the slot of the gradient it was given (``dy``), and per input of the op the
-    slot of the gradient it returned (None: none, or not an array the plan knows)."""
-
-    op: int
-    dy: int | None = None
-    returned: tuple = ()
 
 
 def slot_indices(value, found: list) -> list:
@@ -148,9 +122,7 @@ class Recorder:
     """The slots, constants and entries of one capture (one thread).
 
     ``on_read(kernel_name)`` is called before a host read of a dynamic slot and may raise;
-    ``tag`` and ``site`` are set by the engine and copied into each entry.  The engine also
-    fills ``ops`` (op number -> ``OpRecord``) and ``visits`` (backward site ->
-    ``BackwardVisit``): what a pass over the entries needs to follow gradients op by op.
+    ``tag`` is set by the engine and copied into each entry.
     """
 
     on_read: Any = None
@@ -161,9 +133,6 @@ class Recorder:
     constants: list = field(default_factory=list)
     entries: list = field(default_factory=list)
     tag: tuple = ()
-    site: Any = None
-    ops: dict = field(default_factory=dict)
-    visits: dict = field(default_factory=dict)
     depth: int = 0
     _ids: dict = field(default_factory=dict)            # id(array) -> Slot
     _roots: dict = field(default_factory=dict)          # id(memory root) -> Slot whose root it is
@@ -216,8 +185,7 @@ class Recorder:
         base = _root(self.arrays[source.index])
         slot = self.add_slot(array, "view", self.dynamic[source.index])
         self.entries.append(View(slot, source, _address(array) - _address(base), tuple(array.shape),
-                                 tuple(array.strides), array.dtype, self.tag,
-                                 self.site))
+                                 tuple(array.strides), array.dtype, self.tag))
         return slot
 
     # ------------------------------------------------------------ calls
@@ -281,7 +249,7 @@ class Recorder:
                 self.depth -= 1
             outs = self.outputs(out, args, dynamic)
             named = dict(zip(kwargs, kw_template, strict=True))
-            self.entries.append(Call(device, kernel_name, template, named, outs, self.tag, self.site))
+            self.entries.append(Call(device, kernel_name, template, named, outs, self.tag))
             return out
 
         recorded.__name__ = kernel_name

@@ -360,5 +360,5 @@ def fuse(recorder: Recorder, resolve: Callable[[str], object], *, entries=None, 
         chain = Chain(formula, device, tuple(members), tuple(params),
                       tuple(tuple(np.shape(graph.array(s))) for s in leaves), str(graph.dtype(root)))
         replaced[root] = FusedCall(device, formula.name, tuple(Slot(s) for s in leaves) + tuple(params), {},
-                                   outs, _tag(entries, group), chain=chain)
+                                   outs, _tag(entries, group), chain)
     return [replaced.get(i, e) for i, e in enumerate(entries) if i not in taken or i in replaced]

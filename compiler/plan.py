@@ -61,8 +61,6 @@ class Plan:
         inputs, returns: the argument slots and the returned slots, in order.
         device: the device whose kernels go by their bare names; another device's kernel
             ``k`` is ``{device}_k`` in the source.
-        ops, visits: the capture's side tables (capture.py's ``Recorder.ops`` and
-            ``.visits``): which op and which backward run each entry's ``site`` names.
     """
 
     name: str
@@ -78,8 +76,6 @@ class Plan:
     inputs: tuple = ()
     returns: tuple = ()
     device: str = "cpu"
-    ops: dict = field(repr=False, default_factory=dict)
-    visits: dict = field(repr=False, default_factory=dict)
 
     @property
     def chains(self) -> list:
@@ -246,8 +242,7 @@ def build_plan(recorder: Recorder, *, name: str, title: str, inputs: list[tuple[
     first = len(header) + 2                     # body line 0 is the source's line first
     return Plan(name, source, namespace[name], filename, externals, calls, namespace, tuple(entries),
                 tuple(first + n for n in lines), {s: names.slot(Slot(s)) for s in sorted(used)},
-                tuple(s.index for _, s in inputs), tuple(s.index for s in returns), device,
-                dict(recorder.ops), dict(recorder.visits))
+                tuple(s.index for _, s in inputs), tuple(s.index for s in returns), device)
 
 
 # ---------------------------------------------------------------- peepholes

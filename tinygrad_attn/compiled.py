@@ -43,7 +43,7 @@ from . import compiler as _compiler
 from . import random as _random
 from .autograd import current_scope, is_grad_enabled
 from .compiler import get_backend
-from .compiler.capture import BackwardVisit, Call, CaptureError, Const, OpRecord, Recorder, recording_all
+from .compiler.capture import Call, CaptureError, Const, Recorder, recording_all
 from .compiler.plan import build_plan
 from .compiler.source import compile_source
 from .optim import Optimizer
@@ -93,10 +93,6 @@ class _Capture:
         self.modules: dict[int, tuple] = {}        # id -> (Module, its training flag when called)
         self.backward_called = False
         self.retained = False
-        # Op and tensor identities for the recorder's side tables (Recorder.ops, .visits):
-        # the objects are held until the capture ends, so no id is reused meanwhile.
-        self.op_numbers: dict[int, int] = {}
-        self.held: list = []
 
     def refuse(self, what: str):
         raise CaptureError(f"ta.compile: {what} while capturing, at {_user_line()}: the plan cannot "
@@ -113,20 +109,14 @@ class _Capture:
     # ------------------------------------------------------------ engine hooks
 
     def enter_op(self, op, inputs) -> None:
-        recorder = self.recorder
-        number = len(self.held)
-        self.held.append((op, inputs))
-        self.op_numbers[id(op)] = number
-        recorder.tag = ("forward", op.name, current_scope())
-        recorder.site = ("forward", number)
+        self.recorder.tag = ("forward", op.name, current_scope())
         self.ops.append(op)
-        slots = tuple(self.see(t).index for t in inputs)
-        recorder.ops[number] = OpRecord(op.name, tuple(id(t) for t in inputs), slots)
+        for t in inputs:
+            self.see(t)
 
     def leave_op(self) -> None:
         self.ops.pop()
         self.recorder.tag = ()
-        self.recorder.site = None
 
     def see(self, t: Tensor):
         """The slot of ``t``'s array; an unknown one is an external owned by ``t``."""
@@ -140,43 +130,11 @@ class _Capture:
 
     def backward_of(self, node) -> None:
         self.backward_called = True
-        recorder = self.recorder
-        recorder.tag = ("backward", node.op.name, node.scope)
-        number = self.op_numbers.get(id(node.op))
-        if number is None:                     # an op that ran before the capture began
-            recorder.site = ("backward", None)
-            return
-        site = ("backward", number, sum(1 for s in recorder.visits if s[1] == number))
-        recorder.site = site
-        visit = recorder.visits[site] = BackwardVisit(number)
-        self._watch_backward(node.op, visit)
-
-    def _watch_backward(self, op, visit: BackwardVisit) -> None:
-        """Note the gradient ``op.backward`` is given and the ones it returns in ``visit``:
-        autograd calls it right after this hook, and the instance attribute set here (removed
-        at once) is the one place both are seen."""
-        recorder = self.recorder
-
-        def slot(array):
-            found = recorder.slot_of(array) if array is not None else None
-            return None if found is None else found.index
-
-        def watched(dy):
-            del op.backward
-            visit.dy = slot(dy)
-            grads = op.backward(dy)
-            visit.returned = tuple(slot(g) for g in grads)
-            return grads
-
-        try:
-            op.backward = watched
-        except AttributeError:                 # an op without an instance dict: left unwatched
-            pass
+        self.recorder.tag = ("backward", node.op.name, node.scope)
 
     def backward_done(self, retain_graph: bool) -> None:
         self.retained = self.retained or retain_graph
         self.recorder.tag = ("gradients",)
-        self.recorder.site = ("gradients",)
 
     def _leaf(self, t: Tensor, read: bool) -> _Leaf:
         leaf = self.leaves.get(id(t))
