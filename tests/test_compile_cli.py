@@ -246,3 +246,40 @@ def test_train_compile_reaches_the_trainer_also_when_resuming(tmp_path, monkeypa
     assert cli.main([*flags, "--steps", "6", "--compile", "--resume", out]) == 0
     assert len(made) == 2 and made[1].stats.replays > 0, made[1].stats
     assert ta.models.load_checkpoint(out)[1].training["step"] == 6
+
+
+@pytest.mark.parametrize("which", ["checkpoint", "seq2seq_checkpoint"])
+def test_a_test_set_of_many_widths_decodes_compiled_without_falling_back_to_eager(which, request):
+    """Sources of 16 lengths in batches of 3, decoded greedily then with a beam: the batches
+    are padded to fewer widths (and the caches to fewer lengths), so every step replays a
+    plan, where 6 widths x 2 decoders passed the cap of 8 plans and ran eagerly; and the
+    outputs are eager's."""
+    model, info = ta.models.load_checkpoint(request.getfixturevalue(which))
+    letters = "abc"
+    sources = [[letters[(n + i) % 3] for i in range(n)] for n in range(1, 17)]
+    for beam in (None, 2):
+        eager = ta.models.translate_tokens(model, sources, info.src_vocab, info.tgt_vocab, beam=beam,
+                                           batch_size=3)
+        compiled = ta.models.translate_tokens(model, sources, info.src_vocab, info.tgt_vocab, beam=beam,
+                                              batch_size=3, compile=True)
+        for (tokens, attention), (tokens_c, attention_c) in zip(eager, compiled, strict=True):
+            assert tokens == tokens_c
+            np.testing.assert_array_equal(attention, attention_c)
+    step = _COMPILED[model]
+    assert step.stats.eager_calls == 0 and step.stats.replays > 0
+
+
+def test_padding_a_batch_changes_no_source_s_output(checkpoint):
+    """translate_tokens pads each batch's sources to a multiple of SOURCE_COLUMNS columns:
+    every source still gets what the model's greedy gives it alone and unpadded."""
+    from tinygrad_attn.models.evaluation import SOURCE_COLUMNS
+
+    model, info = ta.models.load_checkpoint(checkpoint)
+    sources = [list("abcab"[:n]) for n in range(1, 6)]
+    assert any(len(s) % SOURCE_COLUMNS for s in sources)
+    found = ta.models.translate_tokens(model, sources, info.src_vocab, info.tgt_vocab, batch_size=5)
+    for source, (tokens, attention) in zip(sources, found, strict=True):
+        src = ta.data.encode_batch([source], info.src_vocab)                      # (1, S): no padding
+        ids, weights = model.greedy(src, max_len=ta.models.decoding.default_max_len(np.array([len(source)])))
+        assert tokens == info.tgt_vocab.decode(ids[0])
+        np.testing.assert_allclose(attention, weights[0, : attention.shape[0], : len(source)], atol=1e-6)

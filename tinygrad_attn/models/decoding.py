@@ -65,6 +65,13 @@ PAD, START, END = data.PAD, data.START, data.END
 
 MaxLen = int | Sequence[int] | np.ndarray      # one limit for every row, or one per row
 
+#: A preallocated key/value cache's length is a multiple of this many steps.
+CACHE_STEPS = 16
+#: Plans a model's compiled decode step keeps: greedy and beam search share the step, and a
+#: test set decoded in batches sorted by length meets a few source widths and batch sizes
+#: of each (``ta.compile``'s default of 8 ran CMUdict's beam search eagerly after greedy).
+DECODE_PLANS = 16
+
 
 class Decodable(Protocol):
     """What the decoders need of a model (see the module docstring)."""
@@ -246,7 +253,10 @@ def _start(model, src: np.ndarray, limits: np.ndarray, options: dict, rows: int 
     many at every step so that one compiled plan serves them all)."""
     parameters = inspect.signature(model.decode_start).parameters
     if "max_steps" in parameters:
-        options = {**options, "max_steps": int(limits.max(initial=1))}
+        # Rounded up: slots past a row's position are never read, so a longer cache changes
+        # no output, and batches whose longest limits differ a little share one compiled plan.
+        steps = int(limits.max(initial=1))
+        options = {**options, "max_steps": steps + -steps % CACHE_STEPS}
     if rows is not None and "max_rows" in parameters:
         options = {**options, "max_rows": int(rows)}
     return model.decode_start(src, **options)
@@ -613,7 +623,7 @@ def compiled_step(model, method: str, table: weakref.WeakKeyDictionary = _COMPIL
 
         role = "decode_step" if table is _COMPILED_STEPS else "encoder"
         decode_step.__name__ = decode_step.__qualname__ = f"{type(model).__name__}_{role}"
-        step = table[model] = ta_compile(decode_step)
+        step = table[model] = ta_compile(decode_step, max_plans=DECODE_PLANS)
     return step
 
 
