@@ -343,9 +343,14 @@ def plot(out: Path, results: list[dict], args) -> None:
     except ImportError:
         print("matplotlib is not installed: no curves.png")
         return
+    # A run whose budget ended before its first validation wrote no log: nothing to draw.
+    logs = [(r, ta.models.log_path(out / r["checkpoint"])) for r in results]
+    logs = [(r, log) for r, log in logs if log.exists()]
+    if not logs:
+        print("no run reached a validation: no curves.png")
+        return
     figure, axes = plt.subplots(figsize=(5.5, 3.5))
-    for r in results:
-        log = ta.models.log_path(out / r["checkpoint"])
+    for r, log in logs:
         lines = [json.loads(line) for line in log.read_text().splitlines()]
         minutes = [line["seconds"] / 60 for line in lines]
         axes.plot(minutes, [1 - line["valid_exact_match"] for line in lines], marker=".", label=r["run"])

@@ -155,3 +155,14 @@ def test_the_torch_runs_checkpoint_average_is_the_engines():
         expected = (total / 3).astype(np.float32)
         assert mean[name].dtype == torch.float32
         np.testing.assert_array_equal(mean[name].numpy(), expected)
+
+
+def test_g2p_cmudict_draws_no_curves_when_no_run_reached_a_validation(tmp_path, capsys):
+    """A budget that ends before the first validation leaves no log: the run still ends with
+    its table, saying there is nothing to draw (it ended in a FileNotFoundError)."""
+    optional.module("matplotlib", "needs matplotlib: pip install matplotlib")
+    g2p = runpy.run_path(str(EXAMPLES / "g2p_cmudict.py"))
+    args = g2p["parse_args"](["--out", str(tmp_path)])
+    g2p["plot"](tmp_path, [{"run": "general", "checkpoint": "general.ckpt"}], args)
+    assert "no run reached a validation: no curves.png" in capsys.readouterr().out
+    assert not (tmp_path / "curves.png").exists()
