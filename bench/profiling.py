@@ -149,3 +149,60 @@ def profile_step(step, title: str, steps: int) -> None:
     lines = text.getvalue().splitlines()
     start = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
     print("\n".join(line for line in lines[start:] if line.strip()))
+
+
+# Kernels that call BLAS for the whole of their work: the products a step cannot avoid.
+BLAS_KERNELS = ("matmul", "matmul_nt", "matmul_tn", "linear", "addmm", "bmm")
+
+
+def profile_plans(compiled: list, call, title: str, steps: int) -> None:
+    """``call()`` replaying ``compiled`` (``ta.compile``d functions), by kernel: every kernel
+    their plans' generated code calls is wrapped with a timer (the plans' globals, swapped
+    back after), then ``call()`` runs ``steps`` times.  The BLAS kernels' share is the floor
+    below which no dispatch or fusion work can take a step; the rest is what the plan's own
+    kernels and Python cost."""
+    for _ in range(3):
+        call()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        call()
+    plain_ms = (time.perf_counter() - t0) / steps * 1e3
+    kernel_time: dict[str, float] = defaultdict(float)
+    kernel_calls: dict[str, int] = defaultdict(int)
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                kernel_time[name] += time.perf_counter() - t
+                kernel_calls[name] += 1
+        return wrapper
+
+    swapped = []
+    for plan in (plan for function in compiled for plan in function.plans):
+        namespace = plan.fn.__globals__
+        for name, value in list(namespace.items()):
+            if callable(value) and not name.startswith("__") and not isinstance(value, type):
+                swapped.append((namespace, name, value))
+                namespace[name] = timed(name, value)
+    try:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            call()
+        wrapped_ms = (time.perf_counter() - t0) / steps * 1e3
+    finally:
+        for namespace, name, value in swapped:
+            namespace[name] = value
+    total = sum(kernel_time.values()) / steps * 1e3
+    blas = sum(t for name, t in kernel_time.items() if name in BLAS_KERNELS) / steps * 1e3
+    print(f"\n== profile of the plans: {title}, {steps} calls ==")
+    print(f"call: {plain_ms:.2f} ms plain, {wrapped_ms:.2f} ms with timers; inside kernels {total:.2f} ms "
+          f"(BLAS products {blas:.2f} ms, the rest {total - blas:.2f} ms), "
+          f"outside them {wrapped_ms - total:.2f} ms")
+    print(f"{'kernel':<22}{'calls':>7}{'ms':>8}{'%':>6}{'us/call':>9}")
+    for name, secs in sorted(kernel_time.items(), key=lambda kv: -kv[1]):
+        ms = secs / steps * 1e3
+        calls = kernel_calls[name] // steps
+        print(f"{name:<22}{calls:>7}{ms:>8.2f}{100 * ms / wrapped_ms:>6.1f}{1e3 * ms / max(calls, 1):>9.1f}")

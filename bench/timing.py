@@ -83,14 +83,17 @@ def run_alternating(contenders: dict, repeats: int, budget_s: float, unit: float
     return times
 
 
-def training_step(model, optimizer, src, tgt_in, tgt_out):
-    """One step as both frameworks spell it: zero_grad, loss, backward, update."""
+def training_step(model, optimizer, *batch):
+    """One step as both frameworks spell it: zero_grad, loss, backward, update; over ``batch``
+    (src, tgt_in, tgt_out) when given, else a function of them (what ``ta.compile`` takes)."""
 
-    def step():
+    def step_of(src, tgt_in, tgt_out):
         optimizer.zero_grad()
         loss = model.loss(src, tgt_in, tgt_out)
         loss.backward()
         optimizer.step()
         return loss
 
-    return step
+    if not batch:
+        return step_of
+    return lambda: step_of(*batch)

@@ -34,7 +34,7 @@ import statistics
 import sys
 
 import numpy as np
-from profiling import profile_step
+from profiling import profile_plans, profile_step
 from timing import cpu_model, cpu_seconds, others_note, run_alternating, set_threads, training_step
 
 import tinygrad_attn as ta
@@ -205,7 +205,8 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="pin every thread pool to N")
     parser.add_argument("--only", choices=["train", "decode"], default=None)
     parser.add_argument("--profile", action="store_true", help="break ours down by op and kernel instead")
-    parser.add_argument("--compiled", action="store_true", help="--profile the compiled decode (replays)")
+    parser.add_argument("--compiled", action="store_true",
+                        help="--profile the compiled step and decode (replays, by kernel)")
     parser.add_argument("--sentences", type=int, default=SENTENCES, help="sources the greedy decode runs")
     parser.add_argument("--steps", type=int, default=STEPS, help="steps the greedy decode runs")
     args = parser.parse_args(argv)
@@ -214,12 +215,22 @@ def main(argv=None) -> None:
     if args.profile:
         model = engine_model()
         if args.only in (None, "train"):
-            step = training_step(model, ta.optim.Adam(model.parameters(), lr=1e-4), *batch())
-            profile_step(step, "training step", steps=10)
+            optimizer = ta.optim.Adam(model.parameters(), lr=1e-4)
+            if args.compiled:
+                inputs = tuple(ta.Tensor(a) for a in batch())
+                compiled = ta.compile(training_step(model, optimizer))
+                profile_plans([compiled], lambda: compiled(*inputs), "compiled training step", steps=10)
+            else:
+                profile_step(training_step(model, optimizer, *batch()), "training step", steps=10)
         if args.only in (None, "decode"):
             src = batch(args.sentences)[0]
-            title = "compiled greedy decoding" if args.compiled else "greedy decoding"
-            profile_step(lambda: model.greedy(src, max_len=args.steps, compile=args.compiled), title, steps=5)
+            decode = lambda: model.greedy(src, max_len=args.steps, compile=args.compiled)  # noqa: E731
+            if args.compiled:
+                decode()
+                functions = ta.models.decoding.compiled_functions(model)
+                profile_plans(functions, decode, "compiled greedy decoding", steps=5)
+            else:
+                profile_step(decode, "greedy decoding", steps=5)
         return
     print(f"# Transformer, d_model {D_MODEL}, {HEADS} heads, {LAYERS}+{LAYERS} layers, feed-forward {FF}, "
           f"training batch {BATCH} x length {LENGTH}, decoding {args.sentences} sources x {args.steps} "

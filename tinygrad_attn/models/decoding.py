@@ -59,7 +59,7 @@ from ..autograd import ShapeError, no_grad
 from ..compiler import reference
 
 __all__ = ["Decodable", "greedy", "sample", "beam_search", "log_softmax", "default_max_len",
-           "check_source_lengths"]
+           "check_source_lengths", "compiled_functions"]
 
 PAD, START, END = data.PAD, data.START, data.END
 
@@ -625,6 +625,12 @@ def compiled_step(model, method: str, table: weakref.WeakKeyDictionary = _COMPIL
         decode_step.__name__ = decode_step.__qualname__ = f"{type(model).__name__}_{role}"
         step = table[model] = ta_compile(decode_step, max_plans=DECODE_PLANS)
     return step
+
+
+def compiled_functions(model) -> list:
+    """The ``ta.compile``d functions ``model``'s compiled decoding has made so far (its decode
+    step, its encoder): their ``plans``, ``stats`` and ``source`` show what a decode replays."""
+    return [table[model] for table in (_COMPILED_STEPS, _COMPILED_ENCODERS) if model in table]
 
 
 def row_index(rows, capacity: int | None, size: int | None = None) -> np.ndarray:
