@@ -33,6 +33,7 @@ from .graph import (
     render,
 )
 from .heatmap import heatmap
+from .plan import plan_graph as _plan_graph  # noqa: F401 - loading it lets graph() draw compiled plans
 from .text import format_attention, nodes, row_labels, summary
 
 __all__ = ["heatmap", "explore", "Explorer", "format_attention", "row_labels", "nodes", "summary", "graph",

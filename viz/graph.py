@@ -121,10 +121,7 @@ def graph(tensor, collapse=None, backward: bool = False, values: bool = False,
         >>> ta.viz.render(loss, "loss.svg", collapse="steps")
     """
     if not isinstance(tensor, Tensor):
-        # plan.py builds on this module's layout, so it is imported here, when first needed.
-        from .plan import plan_graph, plan_of
-
-        plan = plan_of(tensor)
+        plan = _plan_of(tensor)
         if plan is None:
             raise TypeError(f"graph(): expected a Tensor (the result whose graph to draw) or a compiled "
                             f"plan (a ta.compile'd function, or one of its .plans), got "
@@ -132,8 +129,24 @@ def graph(tensor, collapse=None, backward: bool = False, values: bool = False,
         if backward or values or attention_edges:
             raise TypeError("graph(): backward, values and attention_edges draw a tensor's graph; a plan "
                             "is drawn as its kernel calls (collapse and rankdir apply)")
-        return plan_graph(plan, collapse, rankdir)
+        return _plan_graph(plan, collapse, rankdir)
     return _drawing(tensor, collapse, backward, values, attention_edges, rankdir).digraph()
+
+
+def _no_plan(what):
+    return None
+
+
+# Plans are drawn by viz/plan.py, which builds on this module and so registers itself here
+# when the package loads (``draw_plans_with``) rather than being imported from it.
+_plan_of, _plan_graph = _no_plan, None
+
+
+def draw_plans_with(plan_of, plan_graph) -> None:
+    """Let ``graph`` draw compiled plans: ``plan_of(obj)`` gives the plan an object stands for
+    (or None), ``plan_graph(plan, collapse, rankdir)`` its picture."""
+    global _plan_of, _plan_graph
+    _plan_of, _plan_graph = plan_of, plan_graph
 
 
 class Drawing(graphviz.Digraph):

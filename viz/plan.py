@@ -42,6 +42,7 @@ from .graph import (
     Cluster,
     Drawing,
     GraphLayout,
+    draw_plans_with,
     outermost_match,
     parse_collapse,
     scope_kind,
@@ -290,3 +291,5 @@ def plan_graph(plan: Plan, collapse=None, rankdir: str = "TB") -> Drawing:
                          f"(collapse='attention', '*/*'), got {collapse!r}")
     return _PlanDrawing(plan, patterns, rankdir).digraph()
 
+
+draw_plans_with(plan_of, plan_graph)
