@@ -34,16 +34,16 @@ def seq2seq_checkpoint(tmp_path_factory):
 SOURCES = [list("abca"), list("cab"), [], list("bbbb"), list("a")]
 
 
-def _translations_compiled_equal_eager(model, info, beam) -> None:
+def _translations_compiled_equal_eager(model, info, beam, sources=SOURCES, batch_size=2) -> None:
     """translate_tokens and decode with compile=True give eager's tokens and attention."""
-    eager = ta.models.translate_tokens(model, SOURCES, info.src_vocab, info.tgt_vocab, beam=beam,
-                                       batch_size=2)
-    compiled = ta.models.translate_tokens(model, SOURCES, info.src_vocab, info.tgt_vocab, beam=beam,
-                                          batch_size=2, compile=True)
+    eager = ta.models.translate_tokens(model, sources, info.src_vocab, info.tgt_vocab, beam=beam,
+                                       batch_size=batch_size)
+    compiled = ta.models.translate_tokens(model, sources, info.src_vocab, info.tgt_vocab, beam=beam,
+                                          batch_size=batch_size, compile=True)
     for (tokens, attention), (tokens_c, attention_c) in zip(eager, compiled, strict=True):
         assert tokens == tokens_c
         np.testing.assert_array_equal(attention, attention_c)
-    assert ta.models.decode(model, SOURCES, info.src_vocab, info.tgt_vocab, beam=beam, compile=True) == \
+    assert ta.models.decode(model, sources, info.src_vocab, info.tgt_vocab, beam=beam, compile=True) == \
         [tokens for tokens, _ in eager]
 
 
@@ -258,13 +258,7 @@ def test_a_test_set_of_many_widths_decodes_compiled_without_falling_back_to_eage
     letters = "abc"
     sources = [[letters[(n + i) % 3] for i in range(n)] for n in range(1, 17)]
     for beam in (None, 2):
-        eager = ta.models.translate_tokens(model, sources, info.src_vocab, info.tgt_vocab, beam=beam,
-                                           batch_size=3)
-        compiled = ta.models.translate_tokens(model, sources, info.src_vocab, info.tgt_vocab, beam=beam,
-                                              batch_size=3, compile=True)
-        for (tokens, attention), (tokens_c, attention_c) in zip(eager, compiled, strict=True):
-            assert tokens == tokens_c
-            np.testing.assert_array_equal(attention, attention_c)
+        _translations_compiled_equal_eager(model, info, beam, sources, batch_size=3)
     step = _COMPILED[model]
     assert step.stats.eager_calls == 0 and step.stats.replays > 0
 
