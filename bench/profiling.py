@@ -152,7 +152,7 @@ def profile_step(step, title: str, steps: int) -> None:
 
 
 # Kernels that call BLAS for the whole of their work: the products a step cannot avoid.
-BLAS_KERNELS = ("matmul", "matmul_nt", "matmul_tn", "linear", "addmm", "bmm")
+BLAS_KERNELS = ("matmul", "matmul_nt", "matmul_tn")
 
 
 def profile_plans(compiled: list, call, title: str, steps: int) -> None:

@@ -165,6 +165,18 @@ def test_evaluate_on_a_short_position_table_stops_there():
     assert all(len(output) == 12 for _, output, _ in rows)           # 2 * |source| + 10, cut to 12
 
 
+
+@pytest.mark.parametrize("compile_", [False, True], ids=["eager", "compiled"])
+def test_batch_padding_stops_at_the_position_table(compile_):
+    """translate_tokens pads a batch's sources to a multiple of 4 columns, never past the
+    position table: a 9-token source under a 10-position table decodes (it was padded to 12
+    and refused as padding wider than the table)."""
+    model = make("transformer", end_bias=-30.0, max_len=10)
+    source = list("abcabcabc")                                       # 9 tokens, 9 % 4 != 0
+    found = ta.models.translate_tokens(model, [source], VOCAB, VOCAB, max_len=3, compile=compile_)
+    ids, _ = model.greedy(ta.data.encode_batch([source], VOCAB), max_len=3)
+    assert found[0][0] == VOCAB.decode(ids[0])
+
 def over_long_calls():
     long = list("abcdefgabcdefg")                                     # 14 tokens
     short = list("abc")

@@ -75,11 +75,12 @@ def _translate(model, sources, src_vocab, tgt_vocab, max_len, beam, batch_size, 
                          f"Seq2Seq); {type(model).__name__} decodes eagerly")
     compiled = {"compile": True} if compile else {}
     order = sorted(range(len(sources)), key=lambda index: lengths[index])
+    widest = getattr(model, "max_src_len", None)          # padding never passes the position table
     results: list = [None] * len(sources)
     for begin in range(0, len(order), batch_size):
         chunk = order[begin : begin + batch_size]
         chunk_sources = [sources[index] for index in chunk]
-        src = _padded_columns(data.encode_batch(chunk_sources, src_vocab))          # (B, S)
+        src = _padded_columns(data.encode_batch(chunk_sources, src_vocab), widest)  # (B, S)
         # Each row's own limit: a row's output never depends on the others in its batch.
         limit = max_len if max_len is not None else default_max_len(np.array([lengths[i] for i in chunk]))
         if n_best is not None:
@@ -121,9 +122,12 @@ def decode(model: Model, sources: Sequence, src_vocab: data.Vocab, tgt_vocab: da
 SOURCE_COLUMNS = 4
 
 
-def _padded_columns(src: np.ndarray) -> np.ndarray:
-    """``src`` (B, S) with padding columns up to a multiple of ``SOURCE_COLUMNS``."""
+def _padded_columns(src: np.ndarray, widest: int | None) -> np.ndarray:
+    """``src`` (B, S) with padding columns up to a multiple of ``SOURCE_COLUMNS``, at most
+    ``widest`` columns (a Transformer's position table; None: no bound)."""
     extra = -src.shape[1] % SOURCE_COLUMNS
+    if widest is not None:
+        extra = max(0, min(extra, widest - src.shape[1]))
     return np.pad(src, ((0, 0), (0, extra)), constant_values=data.PAD) if extra else src
 
 
