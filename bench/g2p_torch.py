@@ -231,7 +231,7 @@ def engine_run(settings: dict, seed: int | None) -> tuple[Namespace, str, int]:
     elif seed not in seeds:
         raise SystemExit(f"--seed {seed}: the engine's run has seeds {seeds}")
     args = Namespace(**{"arch": "gru", "norm_first": False, "max_len": None, "label_smoothing": 0.0,
-                        "average_last": 0, **settings, "seeds": seeds})
+                        "average_last": 0, "layers": 1, **settings, "seeds": seeds})
     kind = args.attention[0] if args.arch == "gru" else "transformer"
     if args.arch == "gru":
         args.style = args.styles[kind]          # the decoder the engine's run gave that score

@@ -16,21 +16,24 @@ on the 6,298 held-out test words:
 with greedy decoding and with a beam of ``--beam`` (5).  The model (``--arch``):
 
     gru          ta.models.Seq2Seq: a GRU encoder (bidirectional by default), a GRU decoder
-                 and the attention ``--attention`` names.  It takes several kinds (none, dot,
-                 general, concat, additive): each gets the same budget, the analogue of
-                 Luong et al. (2015)'s Table 4 comparison of scoring functions.
+                 (``--layers`` each, default 1) and the attention ``--attention`` names.  It
+                 takes several kinds (none, dot, general, concat, additive): each gets the
+                 same budget, the analogue of Luong et al. (2015)'s Table 4 comparison of
+                 scoring functions.
     transformer  ta.models.Transformer: ``--d-model``, ``--heads``, ``--layers`` (encoder and
-                 decoder layers each), ``--ff``, ``--max-len``, ``--norm-first`` (pre-norm
-                 layers), the names ``tinygrad-attn train --arch transformer`` uses.
+                 decoder layers each, default 3), ``--ff``, ``--max-len``, ``--norm-first``
+                 (pre-norm layers), the names ``tinygrad-attn train --arch transformer`` uses.
 
 Run:  python examples/g2p_cmudict.py [--arch gru] [--attention general] [--style luong]
-          [--hidden 256] [--embed 64] [--bidirectional]
+          [--hidden 256] [--embed 64] [--bidirectional] [--layers 1]
       python examples/g2p_cmudict.py --arch transformer [--d-model 256] [--heads 4]
           [--layers 3] [--ff 1024] [--max-len N] [--norm-first]
       both with [--minutes 60] [--steps 44000] [--dropout 0.2 (gru) / 0.1 (transformer)]
           [--batch-size 64] [--lr 1e-3] [--warmup 1000] [--bucket 50] [--eval-every 2000]
           [--label-smoothing 0] [--average-last 0] [--compile] [--beam 5] [--threads 1]
           [--seeds 0] [--out runs/g2p] [--quick]
+      python examples/g2p_cmudict.py --compare runs/g2p-gru runs/g2p-transformer
+          [--figure docs/g2p_curves.png]
 
     --label-smoothing EPS  train on the smoothed cross-entropy (ta.models.train's
                  label_smoothing; the validation loss it logs stays unsmoothed)
@@ -44,6 +47,10 @@ Run:  python examples/g2p_cmudict.py [--arch gru] [--attention general] [--style
                  standard deviation and range of WER and PER over the seeds.  (One process
                  per seed, each with its own --out, gives a results.md each and no summary;
                  side by side they share the two cores, so their budgets are not one run's.)
+    --compare    trains nothing: one picture of finished runs' validation WER against
+                 training minutes (each folder's results.json and logs), labelled with model,
+                 steps, threads and test WER: the GRU against the Transformer at one
+                 budget, or one setting against another
     --steps      the cosine schedule ends there: set it to the steps the budget holds (a
                  two-minute run's steps per minute times the budget tells), else the rate
                  never decays fully before the time is up
@@ -84,7 +91,8 @@ import tinygrad_attn as ta
 KINDS = ("none", "dot", "general", "concat", "additive")
 ARCHS = ("gru", "transformer")
 # Each architecture's options and defaults (None on the command line: not given).
-GRU = dict(attention=["general"], style="luong", hidden=256, embed=64, bidirectional=True, dropout=0.2)
+GRU = dict(attention=["general"], style="luong", hidden=256, embed=64, bidirectional=True, layers=1,
+           dropout=0.2)
 TRANSFORMER = dict(d_model=256, heads=4, layers=3, ff=1024, max_len=None, norm_first=False, dropout=0.1)
 QUICK_GRU = dict(hidden=16, embed=8)
 QUICK_TRANSFORMER = dict(d_model=16, heads=2, layers=1, ff=32)
@@ -110,14 +118,14 @@ def parse_args(argv=None):
     transformer = parser.add_argument_group("--arch transformer")
     transformer.add_argument("--d-model", type=int, default=None, help="default 256")
     transformer.add_argument("--heads", type=int, default=None, help="attention heads (default 4)")
-    transformer.add_argument("--layers", type=int, default=None,
-                             help="encoder and decoder layers each (default 3)")
     transformer.add_argument("--ff", type=int, default=None, help="feed-forward size (default 1024)")
     transformer.add_argument("--max-len", type=int, default=None,
                              help="the position table's size (default: the model's, 512)")
     transformer.add_argument("--norm-first", action=argparse.BooleanOptionalAction, default=None,
                              help="pre-norm layers (default: post-norm, as the paper's)")
     run = parser.add_argument_group("training and scoring")
+    run.add_argument("--layers", type=int, default=None,
+                     help="encoder and decoder layers each (default 1 (gru), 3 (transformer))")
     run.add_argument("--dropout", type=float, default=None, help="default 0.2 (gru), 0.1 (transformer)")
     run.add_argument("--minutes", type=float, default=60.0, help="training budget per run")
     run.add_argument("--steps", type=int, default=44000, help="steps at most (the cosine schedule's end)")
@@ -138,6 +146,10 @@ def parse_args(argv=None):
     run.add_argument("--seeds", type=int, nargs="+", default=[0], metavar="SEED",
                      help="one run per seed, summarised in results.md (default 0)")
     run.add_argument("--out", default="runs/g2p")
+    run.add_argument("--compare", nargs="+", metavar="DIR", default=None,
+                     help="train nothing: draw the validation curves of finished runs (their --out "
+                          "folders) into one picture, --figure")
+    run.add_argument("--figure", default=None, help="--compare's picture (default <--out>/compare.png)")
     run.add_argument("--quick", action="store_true",
                      help="a tiny model on a few hundred words for seconds: checks that it runs")
     args = parser.parse_args(argv)
@@ -202,7 +214,7 @@ def build_model(kind: str, task, args, seed: int):
                                      norm_first=args.norm_first, **extra)
     return ta.models.Seq2Seq(task.src_vocab, task.tgt_vocab, embed=args.embed, hidden=args.hidden,
                              attention=None if kind == "none" else kind, style=style_of(kind, args.style),
-                             bidirectional=args.bidirectional, dropout=args.dropout)
+                             bidirectional=args.bidirectional, num_layers=args.layers, dropout=args.dropout)
 
 
 def describe(kind: str, args) -> str:
@@ -211,7 +223,8 @@ def describe(kind: str, args) -> str:
         norm = ", pre-norm" if args.norm_first else ""
         return (f"Transformer (d_model {args.d_model}, {args.heads} heads, {args.layers}+{args.layers} "
                 f"layers, ff {args.ff}{norm})")
-    return f"GRU {'bi' if args.bidirectional else 'uni'}directional {args.hidden}, {kind} attention"
+    layers = f"{args.layers} layers, " if args.layers > 1 else ""
+    return f"GRU {'bi' if args.bidirectional else 'uni'}directional {args.hidden}, {layers}{kind} attention"
 
 
 def run(kind: str, seed: int, task, args, out: Path) -> dict:
@@ -286,9 +299,9 @@ def table(results: list[dict], args) -> str:
 def settings_line(args) -> str:
     """Every setting of the runs, in one paragraph under the table."""
     if args.arch == "gru":
-        model = (f"GRU encoder-decoder, {'bi' if args.bidirectional else 'uni'}directional encoder, hidden "
-                 f"{args.hidden}, embeddings {args.embed}, attention {' '.join(args.attention)}, style "
-                 f"{args.style}")
+        model = (f"GRU encoder-decoder, {'bi' if args.bidirectional else 'uni'}directional encoder, "
+                 f"{args.layers} layer(s) each, hidden {args.hidden}, embeddings {args.embed}, attention "
+                 f"{' '.join(args.attention)}, style {args.style}")
     else:
         model = (f"Transformer, d_model {args.d_model}, {args.heads} heads, {args.layers}+{args.layers} "
                  f"layers, feed-forward {args.ff}, {'pre' if args.norm_first else 'post'}-norm"
@@ -333,40 +346,85 @@ def summary_table(rows: list[dict], beam: int) -> str:
     return "\n".join(lines)
 
 
-def plot(out: Path, results: list[dict], args) -> None:
-    """Validation WER against training minutes, one line per run, from the runs' logs."""
+def _curves(log: Path) -> tuple[list[float], list[float]]:
+    """(minutes, validation WER) of a run's evaluation log."""
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    return [line["seconds"] / 60 for line in lines], [1 - line["valid_exact_match"] for line in lines]
+
+
+def draw(curves: list[tuple[str, list, list]], path: Path, title: str, xlabel: str) -> bool:
+    """Validation WER against training minutes, one line per (label, minutes, WER), into
+    ``path`` (written whole or not at all).  False when matplotlib is missing."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")        # no display needed: the figure only goes to a file
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib is not installed: no curves.png")
-        return
+        print(f"matplotlib is not installed: no {path.name} (pip install 'tinygrad_attn[plot]')")
+        return False
+    figure, axes = plt.subplots(figsize=(8.5, 4.0 + 0.22 * len(curves)))
+    for label, minutes, wer in curves:
+        axes.plot(minutes, [100 * w for w in wer], marker=".", label=label)
+    axes.set_xlabel(xlabel)
+    axes.set_ylabel("validation WER (greedy, %)")
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    # Below the axes: the curves end where the labels would sit.
+    axes.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+    figure.tight_layout()
+    partial = path.with_name(f".{path.name}.partial")
+    figure.savefig(partial, dpi=120, format=path.suffix.lstrip(".") or "png", bbox_inches="tight")
+    plt.close(figure)
+    partial.replace(path)
+    print(f"wrote {path}")
+    return True
+
+
+def plot(out: Path, results: list[dict], args) -> None:
+    """Validation WER against training minutes, one line per run, from the runs' logs."""
     # A run whose budget ended before its first validation wrote no log: nothing to draw.
     logs = [(r, ta.models.log_path(out / r["checkpoint"])) for r in results]
     logs = [(r, log) for r, log in logs if log.exists()]
     if not logs:
         print("no run reached a validation: no curves.png")
         return
-    figure, axes = plt.subplots(figsize=(5.5, 3.5))
-    for r, log in logs:
-        lines = [json.loads(line) for line in log.read_text().splitlines()]
-        minutes = [line["seconds"] / 60 for line in lines]
-        axes.plot(minutes, [1 - line["valid_exact_match"] for line in lines], marker=".", label=r["run"])
-    axes.set_xlabel(f"training time (minutes, {args.threads} thread(s))")
-    axes.set_ylabel("validation WER (greedy)")
     model = "GRU encoder-decoder" if args.arch == "gru" else "Transformer"
-    axes.set_title(f"CMUdict g2p, {model}")
-    axes.legend()
-    figure.tight_layout()
-    figure.savefig(out / "curves.png", dpi=120)
-    plt.close(figure)
-    print(f"wrote {out / 'curves.png'}")
+    draw([(r["run"], *_curves(log)) for r, log in logs], out / "curves.png", f"CMUdict g2p, {model}",
+         f"training time (minutes, {args.threads} thread(s))")
+
+
+def compare(dirs: list[str], figure: Path) -> None:
+    """One picture of the validation curves of finished runs (each folder's results.json and
+    logs), labelled with their model, threads, steps and test WER: the GRU against the
+    Transformer at one budget, or one setting against another."""
+    curves = []
+    for folder in map(Path, dirs):
+        saved = folder / "results.json"
+        if not saved.exists():
+            raise SystemExit(f"--compare: {saved} not found: give folders of finished runs (their --out)")
+        finished = json.loads(saved.read_text())
+        run = finished["settings"]
+        for r in finished["results"]:
+            log = ta.models.log_path(folder / r["checkpoint"])
+            if not log.exists():
+                print(f"--compare: {log} not found (the run reached no validation): left out")
+                continue
+            label = (f"{folder.name}: {r['model']}, batch {run['batch_size']}, smoothing "
+                     f"{run.get('label_smoothing', 0):g}; {r['steps']:,} steps, {run['threads']} thread(s); "
+                     f"test WER {r['greedy']['wer']:.2%}")
+            curves.append((label, *_curves(log)))
+    if not curves:
+        raise SystemExit("--compare: no run with a validation log to draw")
+    figure.parent.mkdir(parents=True, exist_ok=True)
+    draw(curves, figure, "CMUdict g2p: validation WER against training time", "training time (minutes)")
 
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
+    if args.compare:
+        compare(args.compare, Path(args.figure) if args.figure else Path(args.out) / "compare.png")
+        return []
     ta.set_num_threads(args.threads)
     task = ta.data.load("cmudict")
     if args.quick:

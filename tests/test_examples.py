@@ -56,7 +56,8 @@ def test_g2p_cmudict_quick_trains_scores_and_writes_its_table(tmp_path, capsys, 
     assert (result["arch"], result["run"], result["checkpoint"]) == ("gru", "general", "general.ckpt")
     assert result["best_step"] in (20, 40) and result["averaged_steps"] is None
     assert f"best (step {result['best_step']})" in table
-    assert "Settings: --arch gru: GRU encoder-decoder, bidirectional encoder, hidden 16" in table
+    assert ("Settings: --arch gru: GRU encoder-decoder, bidirectional encoder, 1 layer(s) each, hidden 16"
+            in table)
     assert "label smoothing 0;" in table and "eager steps; 0.5 min per run on 1 thread(s); seeds 0" in table
 
 
@@ -85,9 +86,11 @@ TRAINING = dict(dropout=0.2, batch_size=64, lr=1e-3, warmup=1000, bucket=50, eva
          seed=0),
     dict(arch="gru", attention=["general"], styles={"general": "luong"}, bidirectional=True, hidden=256,
          embed=64, seeds=[0], label_smoothing=0.1, average_last=0),
+    dict(arch="gru", attention=["general"], styles={"general": "luong"}, bidirectional=True, hidden=256,
+         embed=64, layers=2, seeds=[0], label_smoothing=0.0, average_last=0),
     dict(arch="transformer", d_model=256, heads=4, layers=3, ff=1024, max_len=None, norm_first=False,
          styles={}, seeds=[3, 4], label_smoothing=0.1, average_last=2),
-], ids=["bahdanau", "luong", "transformer"])
+], ids=["bahdanau", "luong", "luong-2-layers", "transformer"])
 def test_the_torch_twin_of_the_g2p_model_computes_the_engines_loss(tmp_path, capsys, monkeypatch, model):
     """bench/g2p_torch.py builds the model an engine run's settings name, from the engine's
     initial weights, and refuses to train unless both give one (label-smoothed) loss on a
@@ -166,3 +169,26 @@ def test_g2p_cmudict_draws_no_curves_when_no_run_reached_a_validation(tmp_path, 
     g2p["plot"](tmp_path, [{"run": "general", "checkpoint": "general.ckpt"}], args)
     assert "no run reached a validation: no curves.png" in capsys.readouterr().out
     assert not (tmp_path / "curves.png").exists()
+
+
+def test_g2p_cmudict_compare_draws_finished_runs_and_refuses_a_folder_without_results(tmp_path, capsys):
+    """--compare reads each folder's results.json and its runs' logs into one picture, and
+    names the missing file when a folder holds no finished run."""
+    optional.module("matplotlib", "needs matplotlib: pip install matplotlib")
+    g2p = runpy.run_path(str(EXAMPLES / "g2p_cmudict.py"))
+    for name, wers in (("gru", [0.5, 0.3]), ("transformer", [0.6, 0.4])):
+        folder = tmp_path / name
+        folder.mkdir()
+        result = {"model": name, "steps": 2000, "checkpoint": "m.ckpt", "greedy": {"wer": wers[-1]}}
+        settings = {"threads": 2, "batch_size": 64}
+        (folder / "results.json").write_text(json.dumps({"settings": settings, "results": [result]}))
+        lines = [{"seconds": 60.0 * (i + 1), "valid_exact_match": 1 - w} for i, w in enumerate(wers)]
+        (folder / "m.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    figure = tmp_path / "out" / "compare.png"
+    assert g2p["main"](["--compare", str(tmp_path / "gru"), str(tmp_path / "transformer"),
+                        "--figure", str(figure)]) == []
+    assert figure.read_bytes().startswith(b"\x89PNG") and not list(figure.parent.glob(".*partial"))
+    minutes, wer = g2p["_curves"](tmp_path / "gru" / "m.jsonl")
+    assert minutes == [1.0, 2.0] and wer == pytest.approx([0.5, 0.3])
+    with pytest.raises(SystemExit, match="results.json not found"):
+        g2p["main"](["--compare", str(tmp_path / "out")])
