@@ -404,14 +404,15 @@ def compare(dirs: list[str], figure: Path) -> None:
         if not saved.exists():
             raise SystemExit(f"--compare: {saved} not found: give folders of finished runs (their --out)")
         finished = json.loads(saved.read_text())
-        run = finished["settings"]
+        settings = finished["settings"]
         for r in finished["results"]:
             log = ta.models.log_path(folder / r["checkpoint"])
             if not log.exists():
                 print(f"--compare: {log} not found (the run reached no validation): left out")
                 continue
-            label = (f"{folder.name}: {r['model']}, batch {run['batch_size']}, smoothing "
-                     f"{run.get('label_smoothing', 0):g}; {r['steps']:,} steps, {run['threads']} thread(s); "
+            label = (f"{folder.name}: {r['model']}, batch {settings['batch_size']}, smoothing "
+                     f"{settings.get('label_smoothing', 0):g}; {r['steps']:,} steps, {settings['threads']} "
+                     f"thread(s); "
                      f"test WER {r['greedy']['wer']:.2%}")
             curves.append((label, *_curves(log)))
     if not curves:
