@@ -197,29 +197,12 @@ def average(states: list[dict]) -> dict:
 
 
 def plot(engine_log: Path, torch_log: list[dict], path: Path, model: str) -> None:
-    """Validation WER against training minutes, the engine's run and torch's."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")        # no display needed: the figure only goes to a file
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no curves.png")
-        return
-    engine = [json.loads(line) for line in engine_log.read_text().splitlines()]
-    figure, axes = plt.subplots(figsize=(5.5, 3.5))
-    axes.plot([e["seconds"] / 60 for e in engine], [1 - e["valid_exact_match"] for e in engine], marker=".",
-              label="tinygrad_attn")
-    axes.plot([e["minutes"] for e in torch_log], [e["valid_wer"] for e in torch_log], marker=".",
-              label="PyTorch eager")
-    axes.set_xlabel("training time (minutes)")
-    axes.set_ylabel("validation WER (greedy)")
-    axes.set_title(f"CMUdict g2p, the same {model}")
-    axes.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    print(f"wrote {path}")
+    """Validation WER against training minutes, the engine's run and torch's (drawn by the
+    example's ``draw``)."""
+    g2p = example()
+    curves = [("tinygrad_attn", *g2p._curves(engine_log)),
+              ("PyTorch eager", [e["minutes"] for e in torch_log], [e["valid_wer"] for e in torch_log])]
+    g2p.draw(curves, path, f"CMUdict g2p, the same {model}", "training time (minutes)")
 
 
 def engine_run(settings: dict, seed: int | None) -> tuple[Namespace, str, int]:

@@ -192,3 +192,16 @@ def test_g2p_cmudict_compare_draws_finished_runs_and_refuses_a_folder_without_re
     assert minutes == [1.0, 2.0] and wer == pytest.approx([0.5, 0.3])
     with pytest.raises(SystemExit, match="results.json not found"):
         g2p["main"](["--compare", str(tmp_path / "out")])
+
+
+def test_the_torch_twins_curves_are_drawn_by_the_examples_draw(tmp_path, capsys):
+    """bench/g2p_torch.py's plot reads the engine's log and torch's entries into one picture."""
+    optional.module("matplotlib", "needs matplotlib: pip install matplotlib")
+    bench = runpy.run_path(str(BENCH / "g2p_torch.py"))
+    log = tmp_path / "general.jsonl"
+    log.write_text("".join(json.dumps({"seconds": 60.0 * i, "valid_exact_match": 0.5 + 0.1 * i}) + "\n"
+                           for i in (1, 2)))
+    figure = tmp_path / "curves.png"
+    torch_log = [{"minutes": 1.0, "valid_wer": 0.45}, {"minutes": 2.0, "valid_wer": 0.35}]
+    bench["plot"](log, torch_log, figure, "GRU")
+    assert figure.read_bytes().startswith(b"\x89PNG") and f"wrote {figure}" in capsys.readouterr().out
