@@ -49,7 +49,7 @@ Run:  python examples/g2p_cmudict.py [--arch gru] [--attention general] [--style
                  side by side they share the two cores, so their budgets are not one run's.)
     --compare    trains nothing: one picture of finished runs' validation WER against
                  training minutes (each folder's results.json and logs), labelled with model,
-                 steps, threads and test WER: the GRU against the Transformer at one
+                 batch, smoothing, steps, threads and test WER: the GRU against the Transformer at one
                  budget, or one setting against another
     --steps      the cosine schedule ends there: set it to the steps the budget holds (a
                  two-minute run's steps per minute times the budget tells), else the rate
@@ -396,8 +396,8 @@ def plot(out: Path, results: list[dict], args) -> None:
 
 def compare(dirs: list[str], figure: Path) -> None:
     """One picture of the validation curves of finished runs (each folder's results.json and
-    logs), labelled with their model, threads, steps and test WER: the GRU against the
-    Transformer at one budget, or one setting against another."""
+    logs), labelled with their model, batch, smoothing, steps, threads and test WER: the GRU
+    against the Transformer at one budget, or one setting against another."""
     curves = []
     for folder in map(Path, dirs):
         saved = folder / "results.json"
