@@ -107,9 +107,13 @@ class Chain:
 
 @dataclass
 class FusedCall(Call):
-    """The call of a fused kernel: its leaves then its parameters, and the ``chain`` it replaced."""
+    """The call of a fused kernel: its leaves then its parameters, and the ``chain`` it replaced.
+    ``derivative``: None for the chain's forward kernel; for a kernel of its composed
+    derivative (fuse_backward.py), the index of the leaf it differentiates by (its arguments
+    are then the leaves that derivative reads, the gradient and the parameters)."""
 
     chain: Chain | None = None
+    derivative: int | None = None
 
 
 def _formula_kernels() -> dict[str, tuple[Formula, int]]:

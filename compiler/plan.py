@@ -79,8 +79,15 @@ class Plan:
 
     @property
     def chains(self) -> list:
-        """The chains of the plan's fused calls, in the order they run."""
-        return [e.chain for e in self.entries if getattr(e, "chain", None) is not None]
+        """The chains of the plan's fused calls, each once, in the order they first run (a
+        chain whose backward is its composed derivative appears at its forward call, or at
+        its first derivative call where the forward stayed unfused)."""
+        found: dict = {}
+        for e in self.entries:
+            chain = getattr(e, "chain", None)
+            if chain is not None:
+                found.setdefault(chain.key(), chain)
+        return list(found.values())
 
     def kernel_name(self, entry) -> str:
         """A call's kernel as the source names it."""

@@ -105,14 +105,17 @@ def test_tiny_forward_and_backward_fuse_and_equal_eager(fusing_compile, dtype):
     a, b = rng.normal(size=16), rng.normal(size=16)
     step = _run(fusing_compile, loss_of(lambda a, b: a * b + a), [a, b], "cpu", dtype)
     fused = _fused_calls(step)
-    # The forward a*b + a, and the backward chain mul_back_a -> add (da = b*dy + dy).
-    assert len(fused) == 2, step.source
-    assert "mul(" not in step.source and "= add(" not in step.source
+    # The forward a*b + a, and its backward from the composed derivative: da = (b + 1) dy,
+    # db = a dy, one kernel each, in place of mul_back_a, mul_back_b and the add of a's two
+    # contributions.
+    assert len(fused) == 3, step.source
+    assert "_back_x0(" in step.source and "_back_x1(" in step.source
+    assert "mul(" not in step.source and "= add(" not in step.source and "mul_back" not in step.source
     unfused = ta.compile(loss_of(lambda a, b: a * b + a))
     unfused(*[ta.Tensor(x, dtype=dtype, requires_grad=True) for x in (a, b)])
     assert step.plans[0].calls < unfused.plans[0].calls
     reports = _checked(step)
-    assert {r.target.split(" = ")[1] for r in reports} == {"mul -> add", "mul_back_a -> add"}
+    assert [r.target.split(" = ")[1] for r in reports] == ["mul -> add"]
 
 
 def test_numpy_device_replays_unfused(fusing_compile):
@@ -311,22 +314,73 @@ def test_a_number_is_written_into_the_fused_kernel(fusing_compile, dtype):
     _checked(step, dtype)
 
 
+def escaping_step(a, b):
+    """t = a*b is read outside the chain t + a: the forward stays unfused, and the recorded
+    backward's chain (mul_back_a, then the add of a's two contributions) is fused on its own."""
+    t = a * b
+    loss = (t + a).sum() + t.sum()
+    loss.backward()
+    return loss
+
+
 def test_a_wrong_fused_kernel_fails_the_check(fusing_compile):
+    cpu = get_backend("cpu")
     step = _run(fusing_compile, loss_of(lambda a, b: a * b + a), [np.ones(4), np.arange(4.0)], "cpu",
                 "float64", calls=1)
-    cpu = get_backend("cpu")
-    reports = {r.target.split(" = ")[1]: r for r in _checked(step)}
-    chains = step.plans[0].chains
-    forward = next(c for c in chains if [m.kernel_name for m in c.members] == ["mul", "add"])
-    backward = next(c for c in chains if [m.kernel_name for m in c.members] == ["mul_back_a", "add"])
-    assert set(reports) == {"mul -> add", "mul_back_a -> add"}
-    plan = formulas.plan(forward.formula)
-    cases = [(forward, plan.backward[0].name, lambda fn: lambda *a: -fn(*a)),       # d/dx0 sign flipped
-             (backward, backward.formula.name, lambda fn: lambda x0, x1: fn(x0, x1) - x1)]
-    for chain, name, wrong in cases:
-        assert_wrong_kernel_rejected(cpu, chain, name, wrong)
-        (report,) = ta.check.fused(chain)
+    (chain,) = step.plans[0].chains
+    derivative = formulas.plan(chain.formula).backward[0].name
+    step_b = _run(fusing_compile, escaping_step, [np.ones(4), np.arange(4.0)], "cpu", "float64", calls=1)
+    (backward,) = step_b.plans[0].chains
+    assert [m.kernel_name for m in backward.members] == ["mul_back_a", "add"]
+    cases = [(chain, chain.formula.name, lambda fn: lambda x0, x1: fn(x0, x1) + 1e-6),   # the forward
+             (chain, derivative, lambda fn: lambda *a: -fn(*a)),                          # d/dx0 sign flipped
+             (backward, backward.formula.name, lambda fn: lambda x0, x1, x2: fn(x0, x1, x2) - x1)]
+    for checked, name, wrong in cases:
+        assert_wrong_kernel_rejected(cpu, checked, name, wrong)
+        (report,) = ta.check.fused(checked)
         assert report.ok
+
+
+def test_a_fused_chains_backward_is_its_composed_derivative(fusing_compile):
+    """The plan computes the chain's gradients with the composed derivative's kernels (one per
+    leaf needing a gradient, summed down where a leaf was broadcast), and with them alone: a
+    wrong derivative kernel put in the plan gives a wrong gradient, a leaf without grad gets
+    no kernel."""
+    def fn(a, b, c, x):
+        loss = ((a * b + a) * x + c).tanh().sum()
+        loss.backward()
+        return loss
+
+    rng = np.random.default_rng(3)
+    arrays = [rng.normal(size=(4, 5)), rng.normal(size=(4, 5)), rng.normal(size=5), rng.normal(size=(4, 5))]
+    step = fusing_compile(fn)
+    leaves = [ta.Tensor(v, dtype="float64", requires_grad=k < 3) for k, v in enumerate(arrays)]
+    step(*leaves)
+    eager = [ta.Tensor(v, dtype="float64", requires_grad=k < 3) for k, v in enumerate(arrays)]
+    fn(*eager)
+    for f, e in zip(leaves[:3], eager[:3], strict=True):
+        _close(f.grad.numpy(), e.grad.numpy(), "float64")
+    plan = step.plans[0]
+    (chain,) = plan.chains
+    names = [k.name for k in formulas.plan(chain.formula).backward]
+    (forward,) = [line for line in plan.source.splitlines() if f"= {chain.formula.name}(" in line]
+    order = forward.split("(")[1].rstrip(")").split(", ")                 # the leaves x0, x1, ...
+    assert sorted(order) == ["a", "b", "c", "x"], plan.source
+    calls = [line.split("= ")[1].split("(")[0] for line in plan.source.splitlines() if "_back_x" in line]
+    assert calls == [name for name, leaf in zip(names, order, strict=True) if leaf != "x"], plan.source
+    assert "sum_to(" in plan.source.split("# backward", 1)[1]                            # c is (5,)
+    assert not any(k in plan.source for k in ("mul_back", "add_back", "tanh_back"))
+    db = names[order.index("b")]
+    right = plan.fn.__globals__[db]
+    plan.fn.__globals__[db] = lambda *args: 2.0 * right(*args)
+    try:
+        for t in leaves[:3]:
+            t.grad = None
+        step(*leaves)
+    finally:
+        plan.fn.__globals__[db] = right
+    np.testing.assert_allclose(leaves[1].grad.numpy(), 2.0 * eager[1].grad.numpy(), rtol=1e-12)
+    _close(leaves[0].grad.numpy(), eager[0].grad.numpy(), "float64")
 
 
 def leaky_step(a, b, slope):
@@ -344,12 +398,14 @@ def test_each_plan_keeps_its_own_chains(fusing_compile):
         b = ta.Tensor(np.linspace(-2, 1, 6), requires_grad=True)
         step(a, b, slope)
         assert np.allclose(a.grad.numpy(), np.where(a.numpy() * b.numpy() > 0, 1, slope) * b.numpy() + 1)
-    forward = [next(c for c in plan.chains if c.members[0].kernel_name == "leaky_relu")
-               for plan in step.plans]
+    # a*b -> leaky_relu -> + a, its backward the composed derivative's kernels of the same chain
+    forward = [plan.chains for plan in step.plans]
+    assert [[m.kernel_name for m in c.members] for (c,) in forward] == [["mul", "leaky_relu", "add"]] * 2
+    forward = [c for (c,) in forward]
     assert forward[0].formula.name == forward[1].formula.name
     assert [c.params for c in forward] == [(0.1,), (0.3,)]
     reports = _checked(step)
-    assert len(reports) == 3                            # two forward chains, one backward chain shared
+    assert len(reports) == 2                            # one chain per plan, checked at its slope
     with pytest.raises(TypeError, match="ta.check.fused"):
         ta.check.fused(forward[0].formula.name)
 
@@ -415,14 +471,18 @@ def test_the_disk_cache_serves_a_second_process(tmp_path):
         b = ta.Tensor(np.linspace(0, 2, 5), requires_grad=True)
         f = ta.compile(step, fuse=True)
         f(a, b)
-        print(sum(1 for name in derived if name.startswith("fused_")), f.source.count("= fused_"))
+        calls = [line for line in f.source.splitlines() if "= fused_" in line]
+        formulas_used = {line.split("= fused_")[1][:12] for line in calls}
+        print(sum(1 for name in derived if name.startswith("fused_")), len(formulas_used),
+              f.source.count("= fused_"))
     """)
     env = {**os.environ, "TINYGRAD_ATTN_CACHE": str(tmp_path)}
     runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                            check=True).stdout.split() for _ in range(2)]
-    (first_derived, fused), (second_derived, fused_again) = runs
-    assert int(fused) >= 2 and fused_again == fused
-    assert int(first_derived) == int(fused) and int(second_derived) == 0
+    (first_derived, composed, calls), (second_derived, composed_again, calls_again) = runs
+    # One chain: its forward kernel and its derivative's, all from one composed formula.
+    assert int(calls) >= 2 and (composed_again, calls_again) == (composed, calls)
+    assert int(first_derived) == int(composed) >= 1 and int(second_derived) == 0
     assert os.listdir(tmp_path / "numba")
 
 
@@ -447,3 +507,14 @@ def test_cuda_fused_kernel_equals_the_unfused_chain():
         chain = fusing.Chain(formula, "cuda", tuple(members), (), shapes, "float64")
         (report,) = ta.check.fused(chain)
         assert report.ok, str(report)
+
+
+@pytest.mark.skipif("cuda" not in available_devices(), reason="no GPU and no simulator")
+def test_cuda_compiled_chain_backward_equals_eager(fusing_compile):
+    """On "cuda" a captured chain's forward and its composed derivative run as fused device
+    kernels, and the replay equals eager."""
+    rng = np.random.default_rng(4)
+    step = _run(fusing_compile, loss_of(lambda a, b: (a * b + a).tanh() * b), [rng.normal(size=(2, 3)),
+                rng.normal(size=(2, 3))], "cuda", "float64")
+    assert "_back_x0(" in step.source and "_back_x1(" in step.source and "tanh_back" not in step.source
+    _checked(step)

@@ -95,15 +95,15 @@ def test_a_fused_kernel_is_one_node_labelled_with_its_formula(fusing_compile):
     step = _tiny(fusing_compile)
     g = viz.graph(step)
     fused = [line for line in g.body if "fused_" in line and "[label=" in line]
-    assert len(fused) == 2, step.source                    # the forward chain and its backward
+    # The forward chain, and its backward: the composed derivative's kernel for each leaf.
+    assert len(fused) == 3, step.source
     forward = next(line for line in fused if '"mul → add' in line)
     formula = re.search(r'\\n= ([^"]+)"', forward).group(1)
     x0, x1 = sp.symbols("x0 x1")
     assert sp.simplify(sp.sympify(formula) - (x0 * x1 + x0)) == 0
-    backward = next(line for line in fused if '"mul_back_a → add' in line)
-    x1_ = sp.sympify(re.search(r'\\n= ([^"]+)"', backward).group(1))
-    # d(ab + a)/da * dy: the backward chain mul_back_a(b, dy) -> add(., dy) over leaves (b, dy).
-    assert sp.simplify(x1_ - (x0 * x1 + x1)) == 0
+    for leaf in (0, 1):
+        backward = next(line for line in fused if f'"d/dx{leaf} of mul → add' in line)
+        assert sp.simplify(sp.sympify(re.search(r'\\nf = ([^"]+)"', backward).group(1)) - (x0 * x1 + x0)) == 0
     # Edges into the forward fused node say which leaf each argument is: a (xs_0) is x0, b x1.
     node = re.match(r"\s*(k\d+)", forward).group(1)
     assert f"\ta_xs_0 -> {node} [label=x0]\n" in g.body and f"\ta_xs_1 -> {node} [label=x1]\n" in g.body
@@ -118,12 +118,12 @@ def test_each_plan_labels_its_fused_kernel_with_its_own_parameters(fusing_compil
         step(*(ta.Tensor(np.linspace(-1, 1, 4), requires_grad=True) for _ in range(2)), slope)
     labels = []
     for plan in step.plans:
-        line = next(line for line in viz.graph(plan).body if '"leaky_relu → add' in line)
+        line = next(line for line in viz.graph(plan).body if '"mul → leaky_relu → add' in line)
         labels.append(sp.sympify(re.search(r'\\n= ([^"]+)"', line).group(1).replace("\\n", "")))
     x0, x1 = sp.symbols("x0 x1")
     for label, slope in zip(labels, (0.1, 0.3), strict=True):
-        point = {x0: -2.0, x1: 0.5}                       # leaky_relu(-2) + 0.5 = -2*slope + 0.5
-        assert abs(float(label.subs(point)) - (-2 * slope + 0.5)) < 1e-4, label
+        point = {x0: 1.0, x1: -2.0}                       # leaky_relu(1 * -2) + 1 = -2*slope + 1
+        assert abs(float(label.subs(point)) - (-2 * slope + 1)) < 1e-4, label
 
 
 def test_graph_rejects_options_of_a_tensor_graph_and_an_uncalled_function():

@@ -556,7 +556,12 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
     anomaly = state.anomaly
     capture = state.capture
     finished: list[tuple[Any, Any]] = []          # (tensor, its gradient), written at the end
-    for t in toposort(root):
+    order = toposort(root)
+    # A compiled step with fusion: chains of formula ops whose backward is their composed
+    # derivative, run at the chain's root (compiler/fuse_backward.py); its other members
+    # then receive no gradient and are never visited.
+    chains = capture.backward_chains(order) if capture is not None else None
+    for t in order:
         g = grads.pop(id(t), None)
         if g is None:
             continue
@@ -577,15 +582,24 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
         if node.versions != _counts(node.inputs) or \
                 t._version.count != node.out_version:
             _changed_in_place(t, node)
-        if capture is not None:
-            capture.backward_of(node)
-        input_grads = op.backward(g)
-        if len(input_grads) != len(node.inputs):
+        chain = chains.get(id(node)) if chains else None
+        inputs = node.inputs
+        if chain is None:
+            if capture is not None:
+                capture.backward_of(node)
+            input_grads = op.backward(g)
+        else:
+            for member in chain.nodes[:-1]:
+                if member.versions != _counts(member.inputs):
+                    _changed_in_place(t, member)
+            capture.backward_of(node, chain)
+            inputs, input_grads = chain.inputs, chain.backward(g)
+        if len(input_grads) != len(inputs):
             raise RuntimeError(f"{op.name}.backward returned {len(input_grads)} gradients "
-                               f"for {len(node.inputs)} inputs")
+                               f"for {len(inputs)} inputs")
         if anomaly:
             _check_finite(node, input_grads)
-        for inp, gi in zip(node.inputs, input_grads, strict=True):
+        for inp, gi in zip(inputs, input_grads, strict=True):
             if gi is None or not inp.requires_grad:
                 continue
             if gi.shape != inp._data.shape:
@@ -597,8 +611,9 @@ def backward(root, grad=None, retain_graph: bool = False) -> None:
             else:
                 _accumulate(grads, owned, key, gi, op.backend)
         if not retain_graph:
-            op.saved = ()
-            op.freed = True
+            for done in (node,) if chain is None else chain.nodes:
+                done.op.saved = ()
+                done.op.freed = True
     if capture is not None:
         capture.backward_done(retain_graph)
     for t, g in finished:

@@ -84,10 +84,14 @@ class _Leaf:
 class _Capture:
     """The engine's side of one capture: ``autograd.state.capture`` while ``fn`` runs."""
 
-    def __init__(self, recorder: Recorder, arguments: list[Tensor]):
+    def __init__(self, recorder: Recorder, arguments: list[Tensor], fuse: bool = False):
         self.recorder = recorder
         self.arguments = {id(t): k for k, t in enumerate(arguments)}
+        self.fuse = fuse
         self.ops: list = []
+        self.starts: list[int] = []               # per op entered: its first entry
+        self.single: dict[int, int] = {}          # id(op) -> its forward's one recorded call
+        self.chains: list = []                    # the chains whose backward was composed
         self.owners: dict[int, Tensor] = {}       # external slot -> the tensor it is the array of
         self.leaves: dict[int, _Leaf] = {}
         self.modules: dict[int, tuple] = {}        # id -> (Module, its training flag when called)
@@ -113,9 +117,12 @@ class _Capture:
         self.ops.append(op)
         for t in inputs:
             self.see(t)
+        self.starts.append(len(self.recorder.entries))
 
     def leave_op(self) -> None:
-        self.ops.pop()
+        op, start = self.ops.pop(), self.starts.pop()
+        if self.fuse and len(self.recorder.entries) == start + 1:
+            self.single[id(op)] = start
         self.recorder.tag = ()
 
     def see(self, t: Tensor):
@@ -128,9 +135,66 @@ class _Capture:
                 self.owners[slot.index] = t
         return slot
 
-    def backward_of(self, node) -> None:
+    def backward_of(self, node, chain=None) -> None:
         self.backward_called = True
-        self.recorder.tag = ("backward", node.op.name, node.scope)
+        name = node.op.name if chain is None else "fused " + "+".join(
+            dict.fromkeys(n.op.name for n in chain.nodes))
+        self.recorder.tag = ("backward", name, node.scope)
+
+    def backward_chains(self, order: list) -> dict:
+        """With fusion on: node id -> ``_ChainGrad`` for each chain of formula ops in the graph
+        behind a backward (``order``, autograd's) whose backward is to be its composed
+        derivative (compiler/fuse_backward.py)."""
+        if not self.fuse:
+            return {}
+        from .compiler.fuse_backward import GraphNode, backward_chains
+        from .ops.elementwise import Elementwise
+
+        made = [t for t in order if t.node is not None]
+        consumers: dict[int, set] = {}
+        for k, t in enumerate(made):
+            for inp in t.node.inputs:
+                consumers.setdefault(id(inp), set()).add(k)
+        nodes = []
+        for k, t in enumerate(made):
+            entry = self.single.get(id(t.node.op))
+            if entry is not None and not (isinstance(t.node.op, Elementwise)
+                                          and self.recorder.arrays[self.recorder.entries[entry].outs.index]
+                                          is t._data):
+                entry = None
+            nodes.append(GraphNode(entry, self._slot(t), tuple(self._slot(x) for x in t.node.inputs),
+                                   frozenset(consumers.get(id(t), ())), k > 0 and not t._retains_grad))
+        found = {}
+        for chain in backward_chains(self.recorder, get_backend, nodes):
+            members = [made[k] for k in chain.members]
+            grad = self._chain_grad(chain, members, {nodes[k].out for k in chain.members})
+            if grad is not None:
+                found[id(members[-1].node)] = grad
+                self.chains.append(chain)
+        return found
+
+    def _slot(self, t: Tensor) -> int:
+        # Every input was seen as its op ran; an output no kernel made (a numpy view) has no
+        # slot, and a number no slot has stands for it.
+        slot = self.recorder.slot_of(t._data)
+        return slot.index if slot is not None else -1 - id(t)
+
+    def _chain_grad(self, chain, members: list, made: set):
+        """The chain's backward over its leaf tensors, or None when a leaf buffer is read as two
+        tensors (``x`` and ``x.detach()``) or an input needing a gradient is not a leaf."""
+        owners: dict[int, dict] = {}
+        for t in members:
+            for x in t.node.inputs:
+                slot = self._slot(x)
+                if slot in made:
+                    continue
+                if slot not in chain.leaves and x.requires_grad:
+                    return None                     # a constant the formula holds as a number
+                owners.setdefault(slot, {})[id(x)] = x
+        if any(len(owners.get(slot, ())) != 1 for slot in chain.leaves):
+            return None
+        leaves = [next(iter(owners[slot].values())) for slot in chain.leaves]
+        return _ChainGrad(chain, [t.node for t in members], leaves)
 
     def backward_done(self, retain_graph: bool) -> None:
         self.retained = self.retained or retain_graph
@@ -159,6 +223,32 @@ class _Capture:
         """``Module.__call__``'s report: the plan holds for this train/eval mode only."""
         if id(module) not in self.modules:
             self.modules[id(module)] = (module, bool(module.training))
+
+
+class _ChainGrad:
+    """A fused chain's backward as if the chain were one node over its leaf tensors
+    (``inputs``): per leaf needing a gradient, the composed derivative's kernel on the leaves
+    and the root's gradient, summed down to the leaf's shape where it was broadcast."""
+
+    def __init__(self, chain, nodes: list, inputs: list):
+        self.chain, self.nodes, self.inputs = chain, nodes, inputs
+        self.backend = nodes[-1].op.backend
+        formula = chain.chain.formula
+        values = dict(zip(formula.params, chain.chain.params, strict=True))
+        self.params = [[values[name] for name in kernel.params] for kernel in chain.kernels]
+
+    def backward(self, grad) -> list:
+        arrays = [x._data for x in self.inputs]
+        grads = []
+        for i, x in enumerate(self.inputs):
+            kernel = self.chain.kernels[i]
+            if not x.requires_grad:
+                grads.append(None)
+                continue
+            g = grad if kernel.identity else \
+                getattr(self.backend, kernel.name)(*self.chain.operands(i, arrays, grad), *self.params[i])
+            grads.append(g if tuple(g.shape) == x.shape else self.backend.sum_to(g, x.shape))
+        return grads
 
 
 # What a plan's entry answers when one of its guards fails (fn may return None).
@@ -507,7 +597,7 @@ class Compiled:
     def _capture(self, key, reason, call_args, call_kwargs, tensors, names):
         with _CAPTURE_LOCK:
             recorder = Recorder()
-            capture = _Capture(recorder, tensors)
+            capture = _Capture(recorder, tensors, self.fuse)
             recorder.on_read = capture.on_read
             inputs = []
             for name, t in zip(names, tensors, strict=True):
@@ -558,6 +648,10 @@ class Compiled:
         for index, owner in capture.owners.items():
             external_names[index] = _unique(_identifier(f"p_{owner.name}" if owner.name else f"e{index}"),
                                             taken, index)
+        if capture.chains:
+            from .compiler.fuse_backward import mark_derivatives
+
+            recorder.entries = mark_derivatives(recorder.entries, capture.chains)
         number = self.stats.captures + 1
         device = tensors[0].device if tensors else "cpu"
         pairs = zip(inputs[:len(tensors)], tensors, strict=True)

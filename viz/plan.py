@@ -5,7 +5,9 @@
 of the generated function is a node, each array it reads an edge from the call that made it
 (or from the plan's argument, or from the parameter the plan binds by identity).  A fused
 kernel (``ta.compile(fn, fuse=True)``) is one node labelled with the chain it replaced and
-its formula, ``x0*x1 + x0``, its edges with the leaf each array is (``x0``).
+its formula, ``x0*x1 + x0``, its edges with the leaf each array is (``x0``); a kernel of the
+chain's composed derivative (its backward, fuse_backward.py) is labelled ``d/dx0 of`` the same
+chain.
 
 The picture is read from the entries the plan keeps (``Plan.entries``, each fused call with
 its chain), the ones its source was written from, so it is the plan that replays, after
@@ -86,6 +88,7 @@ class _Call:
     op: str
     scope: str
     chain: object = None            # a fused call's chain (compiler/fuse.py)
+    derivative: int | None = None   # for a kernel of the chain's derivative: the leaf's index
     reads: list = field(default_factory=list)        # (slot read, leaf index or None)
     targets: list = field(default_factory=list)      # the slots it assigns
 
@@ -107,7 +110,8 @@ def _parse(plan: Plan):
         line = plan.lines[position]
         call = _Call(len(calls) + 1, line, lines[line - 1].strip(), plan.kernel_name(entry), phase, op, scope,
                      getattr(entry, "chain", None))
-        if call.chain is not None:
+        call.derivative = getattr(entry, "derivative", None)
+        if call.chain is not None and call.derivative is None:
             leaves = entry.args[:len(call.chain.formula.inputs)]
             call.reads = [(slot.index, leaf) for leaf, slot in enumerate(leaves)]
         else:
@@ -192,6 +196,8 @@ class _PlanDrawing:
         if call.chain is not None:
             formula = _formula_text(call.chain.formula, tuple(call.chain.params))
             lines = [" → ".join(m.kernel_name for m in call.chain.members), "= " + _break(formula, 36)]
+            if call.derivative is not None:
+                lines = [f"d/dx{call.derivative} of " + lines[0], "f = " + _break(formula, 36)]
             attrs.update(fillcolor=_FUSED_FILL, color=_FUSED_PEN, penwidth="1.5")
             return "\\n".join(lines), attrs
         fill = {"forward": _FORWARD_FILL, "backward": _BACKWARD_FILL}.get(call.phase, _UPDATE_FILL)
