@@ -15,7 +15,9 @@
                     to the unfused compiled step.
     chains          (only with --only chains) fused against unfused replay of single elementwise
                     chains at 64 to 262,144 elements, float32 and float64: the figures behind
-                    compiler/fuse.py's "cpu" rules (MIN_ELEMENTS, transcendental members).
+                    compiler/fuse.py's "cpu" rules (MIN_ELEMENTS, transcendental members);
+                    with --backward, each chain's sum backpropagated too (fused: the chain's
+                    composed derivative, one kernel per leaf).
 
 The training steps also time ``torch.compile`` (Inductor on CPU) of the torch twin's loss, its
 backward compiled through AOTAutograd, Adam eager (``inductor``): a contender, not a target.
@@ -29,7 +31,8 @@ Contenders alternate within each repeat; ratios are of medians from the same run
 times drift by 25-40% between runs on shared machines).
 
 Run:  .venv/bin/python bench/compiled.py [--repeats 7] [--budget 0.2] [--threads 1|2]
-          [--only tiny|mlp|layer|transformer|chains] [--dtypes float32,float64] [--no-inductor]
+          [--only tiny|mlp|layer|transformer|chains] [--dtypes float32,float64] [--backward]
+          [--no-inductor]
 """
 
 from __future__ import annotations
@@ -324,15 +327,37 @@ CHAINS = {
 }
 
 
-def bench_chains(args) -> None:
-    """Fused against unfused replay of one elementwise chain (forward alone, under no_grad),
-    at sizes from 64 to 262,144 elements: where one Numba kernel beats numpy's calls."""
-    from tinygrad_attn.compiler import fuse as fusing
+def _with_backward(fn):
+    """``fn``'s output summed and backpropagated: with fusion, the chain's backward is its
+    composed derivative (compiler/fuse_backward.py)."""
+    def step(a, b):
+        loss = fn(a, b).sum()
+        loss.backward()
+        return loss
 
-    print("elementwise chains, forward replay (no grad), us; fused/unfused = median of same-repeat ratios:")
-    # Fuse at every size and every member here: what fuse.py's two cpu rules were measured by.
-    rules = fusing.MIN_ELEMENTS, fusing.SCALAR_MATH
-    fusing.MIN_ELEMENTS, fusing.SCALAR_MATH = 0, {}
+    return step
+
+
+def _chain_call(step, a, b):
+    a._grad = b._grad = None
+    out = step(a, b)
+    return (out,) if a.grad is None else (a.grad, b.grad)
+
+
+def bench_chains(args) -> None:
+    """Fused against unfused replay of one elementwise chain (forward alone, under no_grad;
+    with --backward, forward and backward), at sizes from 64 to 262,144 elements: where one
+    Numba kernel beats numpy's calls."""
+    from tinygrad_attn.compiler import fuse as fusing
+    from tinygrad_attn.compiler import fuse_backward
+
+    what = "forward and backward" if args.backward else "forward replay (no grad)"
+    print(f"elementwise chains, {what}, us; (x) = median of same-repeat ratios to unfused"
+          + ("; separately: forward and recorded backward fused apart" if args.backward else "") + ":")
+    # Fuse at every size and every member here: what the cpu rules (fuse.py's two,
+    # fuse_backward.py's one) were measured by.
+    rules = fusing.MIN_ELEMENTS, fusing.SCALAR_MATH, fuse_backward.RECORDED_IF_TRANSCENDENTAL
+    fusing.MIN_ELEMENTS, fusing.SCALAR_MATH, fuse_backward.RECORDED_IF_TRANSCENDENTAL = 0, {}, ()
     try:
         for dtype in args.dtypes.split(","):
             for name, fn in CHAINS.items():
@@ -340,21 +365,33 @@ def bench_chains(args) -> None:
                     continue
                 for n in (64, 256, 1024, 4096, 16384, 65536, 262144):
                     rng = np.random.default_rng(0)
-                    a, b = (ta.Tensor(rng.uniform(-2, 2, n), dtype=dtype) for _ in range(2))
-                    steps = {"unfused": ta.compile(fn), "fused": ta.compile(fn, fuse=True)}
-                    with ta.no_grad():
-                        want, got = (steps[k](a, b).numpy() for k in ("unfused", "fused"))
+                    a, b = (ta.Tensor(rng.uniform(-2, 2, n), dtype=dtype, requires_grad=args.backward)
+                            for _ in range(2))
+                    step = _with_backward(fn) if args.backward else fn
+                    steps = {"unfused": ta.compile(step), "fused": ta.compile(step, fuse=True)}
+                    if args.backward:          # the recorded backward fused on its own, as before
+                        steps["separately"] = ta.compile(step, fuse=True)
+                    with ta.enable_grad() if args.backward else ta.no_grad():
+                        results = {}
+                        for k, compiled in steps.items():
+                            fuse_backward.COMPOSED = k != "separately"
+                            results[k] = [t.numpy() for t in _chain_call(compiled, a, b)]
+                        fuse_backward.COMPOSED = True
                         assert "= fused_" in steps["fused"].source, steps["fused"].source
-                        equal = np.allclose(got, want, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-6)
-                        times = run_alternating({k: functools.partial(s, a, b) for k, s in steps.items()},
+                        tol = 1e-5 if dtype == "float32" else 1e-12
+                        equal = all(np.allclose(g, w, rtol=tol, atol=1e-6) for k in results
+                                    for w, g in zip(results["unfused"], results[k], strict=True))
+                        times = run_alternating({k: functools.partial(_chain_call, s, a, b)
+                                                 for k, s in steps.items()},
                                                 args.repeats, args.budget / 4, unit=1e6)
-                    ratio = statistics.median(f / u for f, u in zip(times["fused"], times["unfused"],
-                                                                    strict=True))
-                    print(f"  {name:<15} {dtype} n={n:<7d} unfused {statistics.median(times['unfused']):9.2f}"
-                          f"  fused {statistics.median(times['fused']):9.2f}  fused/unfused {ratio:.2f}"
-                          + ("" if equal else "  NOT EQUAL"), flush=True)
+                    base = times["unfused"]
+                    line = f"  {name:<15} {dtype} n={n:<7d} unfused {statistics.median(base):9.2f}"
+                    for k in list(steps)[1:]:
+                        ratio = statistics.median(f / u for f, u in zip(times[k], base, strict=True))
+                        line += f"  {k} {statistics.median(times[k]):9.2f} ({ratio:.2f}x)"
+                    print(line + ("" if equal else "  NOT EQUAL"), flush=True)
     finally:
-        fusing.MIN_ELEMENTS, fusing.SCALAR_MATH = rules
+        fusing.MIN_ELEMENTS, fusing.SCALAR_MATH, fuse_backward.RECORDED_IF_TRANSCENDENTAL = rules
 
 
 def main(argv=None) -> None:
@@ -365,6 +402,8 @@ def main(argv=None) -> None:
     parser.add_argument("--only", choices=["tiny", "mlp", "layer", "transformer", "chains"], default=None)
     parser.add_argument("--dtypes", default="float32,float64", help="the chains' dtypes")
     parser.add_argument("--chain", action="append", choices=list(CHAINS), help="only these chains")
+    parser.add_argument("--backward", action="store_true",
+                        help="the chains forward and backward (fused: the composed derivative)")
     parser.add_argument("--no-inductor", action="store_true",
                         help="leave out torch.compile (its compile takes seconds to minutes a step)")
     args = parser.parse_args(argv)

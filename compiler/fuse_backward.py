@@ -1,12 +1,13 @@
 """A fused chain's backward from its composed derivative, chosen while a step is captured.
 
 fuse.py fuses the forward and the backward of a captured step independently: the recorded
-backward of ``y = tanh(a*b + a)`` is the members' own backward kernels (``tanh_back``,
-``add``'s identity, ``mul_back_a``, ``mul_back_b``, the ``add`` that sums a's two
-contributions), fused as far as their shapes allow.  Yet the chain is one formula
-f(a, b) = tanh(a*b + a), and sympy derives each of its partial derivatives directly:
+backward of ``y = (a*b + a) * c`` is the members' own backward kernels (``mul_back_b`` reads
+the intermediate t = a*b + a for dc, ``mul_back_a`` and ``mul_back_b`` again for a and b,
+an ``add`` sums a's two contributions), fused as far as they allow; and since the backward
+reads t, the forward chain cannot hide it.  Yet the chain is one formula
+f(a, b, c) = (a*b + a) * c, and sympy derives each partial derivative directly:
 
-    da = dy * (b + 1) * (1 - tanh(a*b + a)**2)        one kernel per leaf, reading the leaves
+    da = dy * c * (b + 1),  db = dy * c * a,  dc = dy * (a*b + a)     one kernel per leaf
 
 This module finds such chains in the forward part of a capture *before* backward runs, so
 the engine (``ta.compile(fuse=True)``) can run the composed derivative at the chain's root
@@ -24,7 +25,8 @@ on tensors rather than buffers:
 * consumer-closed: a member other than the root is consumed only by members (in the graph
   and by every forward call recorded so far), is not the backward's root and keeps no
   gradient of its own (``retain_grad``); so no gradient reaches it except through the root;
-* a leaf is one buffer read by the members; the engine checks that it is one tensor.
+* a leaf is one buffer read by the members; the engine checks that it is one tensor;
+* on "cpu", no member calls a transcendental function (``RECORDED_IF_TRANSCENDENTAL``).
 
 Why this is exact: the members' gradients compose by the chain rule into the derivative of
 the composition, which sympy computes from the same formulas (``ta.check.fused`` checks each
@@ -41,11 +43,33 @@ import numpy as np
 
 from . import formulas, fuse
 from .capture import Call, Recorder
-from .compose import compose
+from .compose import compose, member_kernel
 from .formulas import Kernel
-from .fuse import Chain, FusedCall, _chain, _Graph, define_fused
+from .fuse import Chain, FusedCall, _chain, _Graph, _scalar_math, define_fused
 
 __all__ = ["GraphNode", "ChainBackward", "backward_chains", "mark_derivatives"]
+
+# False: every chain's recorded backward stays, fused on its own as fuse.py finds it (what
+# bench/compiled.py --only chains --backward compares the composed derivative with).
+COMPOSED = True
+
+# Devices on which a chain with a member calling a transcendental function (exp, log, tanh,
+# erf, a non-integer power; its derivative then calls it too) keeps its recorded backward:
+# each leaf's derivative kernel evaluates the function again (tanh(a*b) + b: the forward's
+# tanh, then one in each of da and db), where the members' backward reads the forward's
+# saved output.  Forward and backward replay against unfused, one thread, 4,096 to 262,144
+# elements (bench/compiled.py --only chains --backward, bench/RESULTS.md, 2026-11-28):
+#
+#                        composed derivative   recorded backward fused apart
+#   (a-b)*(a+b)*a  f32       0.73-0.43x              1.02-0.93x
+#   (a-b)*(a+b)*a  f64       0.63-0.38x              1.01-0.94x
+#   tanh(a*b)+b    f32       1.17-1.43x              0.95-1.06x
+#   exp(a-b)*b     f32       1.15-0.70x              0.99-0.64x
+#
+# A polynomial chain gains most (no intermediate is kept for the backward, so the forward
+# fuses whole); through tanh or exp the extra evaluations cost more than the passes saved.
+# On "cuda" recomputing costs less than a launch.
+RECORDED_IF_TRANSCENDENTAL = ("cpu",)
 
 
 @dataclass(frozen=True)
@@ -91,6 +115,8 @@ def backward_chains(recorder: Recorder, resolve: Callable[[str], object], nodes:
     """The chains among ``nodes`` (consumers before producers: a backward's order) whose
     backward should be their composed derivative, each a ``ChainBackward``; their kernels are
     added to the devices (``resolve``: device name -> Backend)."""
+    if not COMPOSED:
+        return []
     smallest = fuse.MIN_ELEMENTS if min_elements is None else min_elements
     graph = _Graph(list(recorder.entries), recorder, set())
     producer = {node.out: k for k, node in enumerate(nodes) if node.entry in graph.members}
@@ -108,13 +134,17 @@ def backward_chains(recorder: Recorder, resolve: Callable[[str], object], nodes:
         members, leaves, bools, params = _chain(graph, {nodes[k].entry for k in group})
         if len(leaves) > max_leaves or any(type(p) not in (int, float) for p in params):
             continue
+        if entry.device in RECORDED_IF_TRANSCENDENTAL and any(
+                _scalar_math(member_kernel(m).expression) for m in members):
+            continue                  # then its derivative is too: checked before deriving it
         formula = compose(members, len(leaves), bools, len(params))
+        derivatives = formulas.plan(formula).backward
         define_fused(resolve(entry.device), formula)
         taken |= group
         chain = Chain(formula, entry.device, tuple(members), tuple(params),
                       tuple(tuple(np.shape(graph.array(s))) for s in leaves), str(graph.dtype(node.entry)))
         order = tuple(sorted(group, key=lambda k: nodes[k].entry))
-        found.append(ChainBackward(order, tuple(leaves), chain, formulas.plan(formula).backward))
+        found.append(ChainBackward(order, tuple(leaves), chain, derivatives))
     return found
 
 

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import tinygrad_attn as ta
 from tinygrad_attn import functional as F
 from tinygrad_attn.autograd import registry
-from tinygrad_attn.compiler import available_devices, formulas, get_backend
+from tinygrad_attn.compiler import available_devices, formulas, fuse_backward, get_backend
 from tinygrad_attn.compiler import fuse as fusing
 from tinygrad_attn.compiler.capture import Recorder
 
@@ -29,10 +29,12 @@ TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
 @pytest.fixture
 def fusing_compile(monkeypatch):
     """ta.compile with fusion on, at every size and for every member (the "cpu" rules that
-    leave small chains and transcendental members unfused are off: these tests are of the
-    fused kernels, test_fusion_rules_* of the rules)."""
+    leave small chains and transcendental members unfused, and keep the recorded backward of
+    a chain whose derivative is transcendental, are off: these tests are of the fused
+    kernels, test_fusion_rules_* of the rules)."""
     monkeypatch.setattr(fusing, "MIN_ELEMENTS", 0)
     monkeypatch.setattr(fusing, "SCALAR_MATH", {})
+    monkeypatch.setattr(fuse_backward, "RECORDED_IF_TRANSCENDENTAL", ())
     return functools.partial(ta.compile, fuse=True)
 
 
@@ -443,6 +445,22 @@ def test_fusion_rules_leave_transcendental_members_unfused_in_float64_on_cpu():
                                               "Integer(0))), ExprCondPair(Symbol('x'), true))")} == {False}
 
 
+def test_fusion_rules_keep_the_recorded_backward_of_a_transcendental_chain_on_cpu(monkeypatch):
+    # Each leaf's derivative kernel would evaluate tanh again: the chain's backward stays the
+    # members' (tanh_back reads the saved output), fused on its own; the part of the chain
+    # below tanh, polynomial, still gets its composed derivative.
+    monkeypatch.setattr(fusing, "MIN_ELEMENTS", 0)
+    rng = np.random.default_rng(5)
+    step = _run(functools.partial(ta.compile, fuse=True), loss_of(lambda a, b: (a * b + a).tanh() * b),
+                [rng.normal(size=64), rng.normal(size=64)], "cpu", "float32")
+    derived = {e.chain.formula.name: [m.kernel_name for m in e.chain.members]
+               for e in step.plans[0].entries if getattr(e, "derivative", None) is not None}
+    assert list(derived.values()) == [["mul", "add"]], step.source
+    assert "tanh_back" in step.source or any("tanh_back" in [m.kernel_name for m in c.members]
+                                             for c in step.plans[0].chains), step.source
+    _checked(step, "float32")
+
+
 def test_fusion_rules_leave_a_chain_that_composes_to_one_numpy_call_unfused():
     # x*x*x composes to x**3, which the cpu device leaves to numpy's pow (no better than two
     # multiplies, far worse here): the multiplies stay; with + y after them, the chain fuses.
@@ -455,9 +473,9 @@ def test_the_disk_cache_serves_a_second_process(tmp_path):
     script = textwrap.dedent("""
         import numpy as np
         import tinygrad_attn as ta
-        from tinygrad_attn.compiler import formulas, fuse
+        from tinygrad_attn.compiler import formulas, fuse, fuse_backward
 
-        fuse.MIN_ELEMENTS, fuse.SCALAR_MATH = 0, {}
+        fuse.MIN_ELEMENTS, fuse.SCALAR_MATH, fuse_backward.RECORDED_IF_TRANSCENDENTAL = 0, {}, ()
         derived = []
         original = formulas.derive
         formulas.derive = lambda f: derived.append(f.name) or original(f)

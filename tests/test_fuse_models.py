@@ -20,7 +20,7 @@ import tinygrad_attn as ta
 from tests.test_compile_models import VOCAB, _batches, _train_step, _twins
 from tests.test_fuse import assert_wrong_kernel_rejected
 from tinygrad_attn import compiled as compiled_module
-from tinygrad_attn.compiler import formulas, get_backend
+from tinygrad_attn.compiler import formulas, fuse_backward, get_backend
 from tinygrad_attn.compiler import fuse as fusing
 
 STEPS = 3                      # capture (no .grad yet), capture (.grad set), replay
@@ -37,6 +37,7 @@ def fuse_everything(monkeypatch):
     chain the models can produce."""
     monkeypatch.setattr(fusing, "MIN_ELEMENTS", 0)
     monkeypatch.setattr(fusing, "SCALAR_MATH", {})
+    monkeypatch.setattr(fuse_backward, "RECORDED_IF_TRANSCENDENTAL", ())
 
 
 def _check_chains(plans) -> int:
