@@ -100,10 +100,6 @@ class ChainBackward:
     chain: Chain
     kernels: tuple[Kernel, ...]
 
-    @property
-    def root(self) -> int:
-        return self.members[-1]
-
     def operands(self, leaf: int, arrays: list, grad) -> list:
         """The arrays leaf ``leaf``'s derivative kernel reads: leaves by name, then ``grad``."""
         pool = dict(zip(self.chain.formula.inputs, arrays, strict=True)) | {formulas.GRAD: grad}

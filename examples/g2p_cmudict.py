@@ -374,9 +374,12 @@ def draw(curves: list[tuple[str, list, list]], path: Path, title: str, xlabel: s
     axes.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
     figure.tight_layout()
     partial = path.with_name(f".{path.name}.partial")
-    figure.savefig(partial, dpi=120, format=path.suffix.lstrip(".") or "png", bbox_inches="tight")
-    plt.close(figure)
-    partial.replace(path)
+    try:
+        figure.savefig(partial, dpi=120, format=path.suffix.lstrip(".") or "png", bbox_inches="tight")
+        partial.replace(path)
+    finally:
+        plt.close(figure)
+        partial.unlink(missing_ok=True)         # left only if saving failed
     print(f"wrote {path}")
     return True
 

@@ -194,6 +194,24 @@ def test_g2p_cmudict_compare_draws_finished_runs_and_refuses_a_folder_without_re
         g2p["main"](["--compare", str(tmp_path / "out")])
 
 
+def test_g2p_draw_that_fails_to_save_leaves_the_old_figure_and_no_partial_file(tmp_path, monkeypatch):
+    optional.module("matplotlib", "needs matplotlib: pip install matplotlib")
+    import matplotlib.figure
+
+    g2p = runpy.run_path(str(EXAMPLES / "g2p_cmudict.py"))
+    figure = tmp_path / "curves.png"
+    figure.write_bytes(b"the user's picture")
+
+    def fail(self, target, **kwargs):
+        Path(target).write_bytes(b"half a png")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", fail)
+    with pytest.raises(OSError, match="disk full"):
+        g2p["draw"]([("gru", [1.0, 2.0], [0.5, 0.3])], figure, "title", "minutes")
+    assert figure.read_bytes() == b"the user's picture" and not list(tmp_path.glob(".*partial"))
+
+
 def test_the_torch_twins_curves_are_drawn_by_the_examples_draw(tmp_path, capsys):
     """bench/g2p_torch.py's plot reads the engine's log and torch's entries into one picture."""
     optional.module("matplotlib", "needs matplotlib: pip install matplotlib")
