@@ -52,7 +52,8 @@ from .capture import Call, Recorder, Slot, View, slot_indices
 from .compose import Member, compose, member_kernel
 from .formulas import Formula
 
-__all__ = ["fuse", "define_fused", "Chain", "FusedCall", "FUSING_DEVICES"]
+__all__ = ["fuse", "define_fused", "Chain", "FusedCall", "FUSING_DEVICES", "Graph", "chain_parts",
+           "scalar_math"]
 
 FUSING_DEVICES = ("cpu", "cuda")
 
@@ -126,7 +127,7 @@ def _formula_kernels() -> dict[str, tuple[Formula, int]]:
 
 
 @functools.cache
-def _scalar_math(expression: str) -> bool:
+def scalar_math(expression: str) -> bool:
     """Whether a kernel's expression calls a transcendental function (see SCALAR_MATH)."""
     import sympy as sp
 
@@ -136,7 +137,7 @@ def _scalar_math(expression: str) -> bool:
     return bool(functions or powers)
 
 
-class _Graph:
+class Graph:
     """Producers, readers and candidate members of a list of entries."""
 
     def __init__(self, entries: list, recorder: Recorder, keep: set):
@@ -174,7 +175,7 @@ class _Graph:
         dtype = np.dtype(self.array(entry.outs.index).dtype)
         if dtype.kind != "f":
             return None
-        if dtype.name in SCALAR_MATH.get(entry.device, ()) and _scalar_math(kernel.expression):
+        if dtype.name in SCALAR_MATH.get(entry.device, ()) and scalar_math(kernel.expression):
             return None
         for name, a in zip(kernel.args, arrays, strict=True):
             want = np.dtype(bool) if name in kernel.bools else dtype
@@ -204,7 +205,7 @@ class _Graph:
         return float(array[()]) if isinstance(array, np.ndarray) and array.dtype.kind == "f" else None
 
 
-def _grow(graph: _Graph, root: int, taken: set, max_members: int) -> set:
+def _grow(graph: Graph, root: int, taken: set, max_members: int) -> set:
     entries = graph.entries
     device, dtype = entries[root].device, graph.dtype(root)
     shape = tuple(np.shape(graph.array(entries[root].outs.index)))
@@ -239,7 +240,7 @@ def _written(entry) -> list[int]:
     return []
 
 
-def _hazard(graph: _Graph, group: set, leaves: list[int]) -> bool:
+def _hazard(graph: Graph, group: set, leaves: list[int]) -> bool:
     """Whether an in-place write between the first member and the root may change a leaf
     (the members would have read it before the write, the fused kernel after)."""
     for i in range(min(group), max(group)):
@@ -254,7 +255,7 @@ def _hazard(graph: _Graph, group: set, leaves: list[int]) -> bool:
     return False
 
 
-def _chain(graph: _Graph, group: set):
+def chain_parts(graph: Graph, group: set):
     """(members, leaf slots, bool leaf indices, parameter values) of a group, in order."""
     entries = graph.entries
     order = sorted(i for i in group if i in graph.members)
@@ -339,7 +340,7 @@ def fuse(recorder: Recorder, resolve: Callable[[str], object], *, entries=None, 
     """
     smallest = MIN_ELEMENTS if min_elements is None else min_elements
     entries = list(recorder.entries if entries is None else entries)
-    graph = _Graph(entries, recorder, set(keep))
+    graph = Graph(entries, recorder, set(keep))
     taken: set = set()
     replaced: dict[int, Call] = {}
     for root in sorted(graph.members, reverse=True):
@@ -349,7 +350,7 @@ def fuse(recorder: Recorder, resolve: Callable[[str], object], *, entries=None, 
         group = _grow(graph, root, taken, max_members)
         if sum(1 for i in group if i in graph.members) < 2:
             continue
-        members, leaves, bools, params = _chain(graph, group)
+        members, leaves, bools, params = chain_parts(graph, group)
         if len(leaves) > max_leaves or _hazard(graph, group, leaves) \
                 or any(not isinstance(p, (int, float)) for p in params):
             continue

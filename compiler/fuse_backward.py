@@ -20,7 +20,7 @@ the slots it read and made, which nodes consume its result); the rules here are 
 on tensors rather than buffers:
 
 * members are nodes of formula ops (``ta.ops.Elementwise``) whose forward was exactly one
-  recorded call of a fusable formula kernel (fuse.py's ``_Graph`` decides what is fusable),
+  recorded call of a fusable formula kernel (fuse.py's ``Graph`` decides what is fusable),
   on one device and dtype; at most ``max_members`` of them and ``max_leaves`` leaves;
 * consumer-closed: a member other than the root is consumed only by members (in the graph
   and by every forward call recorded so far), is not the backward's root and keeps no
@@ -45,7 +45,7 @@ from . import formulas, fuse
 from .capture import Call, Recorder
 from .compose import compose, member_kernel
 from .formulas import Kernel
-from .fuse import Chain, FusedCall, _chain, _Graph, _scalar_math, define_fused
+from .fuse import Chain, FusedCall, Graph, chain_parts, define_fused, scalar_math
 
 __all__ = ["GraphNode", "ChainBackward", "backward_chains", "mark_derivatives"]
 
@@ -114,7 +114,7 @@ def backward_chains(recorder: Recorder, resolve: Callable[[str], object], nodes:
     if not COMPOSED:
         return []
     smallest = fuse.MIN_ELEMENTS if min_elements is None else min_elements
-    graph = _Graph(list(recorder.entries), recorder, set())
+    graph = Graph(list(recorder.entries), recorder, set())
     producer = {node.out: k for k, node in enumerate(nodes) if node.entry in graph.members}
     taken: set = set()
     found = []
@@ -127,11 +127,11 @@ def backward_chains(recorder: Recorder, resolve: Callable[[str], object], nodes:
         group = _grow(graph, nodes, producer, root, taken, max_members)
         if len(group) < 2:
             continue
-        members, leaves, bools, params = _chain(graph, {nodes[k].entry for k in group})
+        members, leaves, bools, params = chain_parts(graph, {nodes[k].entry for k in group})
         if len(leaves) > max_leaves or any(type(p) not in (int, float) for p in params):
             continue
         if entry.device in RECORDED_IF_TRANSCENDENTAL and any(
-                _scalar_math(member_kernel(m).expression) for m in members):
+                scalar_math(member_kernel(m).expression) for m in members):
             continue                  # then its derivative is too: checked before deriving it
         formula = compose(members, len(leaves), bools, len(params))
         derivatives = formulas.plan(formula).backward
@@ -144,7 +144,7 @@ def backward_chains(recorder: Recorder, resolve: Callable[[str], object], nodes:
     return found
 
 
-def _grow(graph: _Graph, nodes: list[GraphNode], producer: dict, root: int, taken: set,
+def _grow(graph: Graph, nodes: list[GraphNode], producer: dict, root: int, taken: set,
           max_members: int) -> set:
     entries = graph.entries
     device, dtype = entries[nodes[root].entry].device, graph.dtype(nodes[root].entry)
