@@ -148,7 +148,7 @@ def _grow(graph: Graph, nodes: list[GraphNode], producer: dict, root: int, taken
           max_members: int) -> set:
     entries = graph.entries
     device, dtype = entries[nodes[root].entry].device, graph.dtype(nodes[root].entry)
-    group, changed = {root}, True
+    group, calls, changed = {root}, {nodes[root].entry}, True       # calls: the group's entries
     while changed:
         changed = False
         for m in sorted(group):
@@ -157,12 +157,12 @@ def _grow(graph: Graph, nodes: list[GraphNode], producer: dict, root: int, taken
                 if p is None or p in group or p in taken or len(group) >= max_members:
                     continue
                 candidate = nodes[p]
-                calls = {nodes[k].entry for k in group}
                 if not (candidate.internal and candidate.consumers <= group
                         and graph.readers.get(slot, set()) <= calls):
                     continue
                 if entries[candidate.entry].device == device and graph.dtype(candidate.entry) == dtype:
                     group.add(p)
+                    calls.add(candidate.entry)
                     changed = True
     return group
 
