@@ -308,6 +308,48 @@ def test_masked_gru_step_on_cuda_matches_the_reference(dtype):
         np.testing.assert_allclose(got, want, **tol)
 
 
+def _projected_gru_grads(device: str, dtype, projected: bool, masked: bool, bias: bool) -> list:
+    """A GRU step on (x, h, weights) with the input's product inside the cell or given to it
+    (``projected=True``, gi = Linear(x, w_ih, b_ih)): the output and every leaf's gradient."""
+    rng = np.random.default_rng(31)
+    x, h = rng.normal(size=(5, 3)), rng.normal(size=(5, 4))
+    weights = [rng.normal(size=(12, 3)), rng.normal(size=(12, 4))]
+    if bias:
+        weights += [rng.normal(size=12), rng.normal(size=12)]
+    leaves = [Tensor(a, dtype=dtype, device=device, requires_grad=True) for a in (x, h, *weights)]
+    x_t, h_t, w_ih, w_hh, *biases = leaves
+    b_ih, b_hh = biases if bias else (None, None)
+    keep = Tensor(np.array([[True], [False], [True], [False], [True]]), device=device) if masked else None
+    if projected:
+        out = F.gru_projected_step(F.linear(x_t, w_ih, b_ih), h_t, w_hh, b_hh, keep)
+        assert out.node.op_name == "GRUCell" and out.node.attrs["projected"]
+    else:
+        out = F.gru_step(x_t, h_t, w_ih, w_hh, b_ih, b_hh, keep=keep)
+    out.backward(Tensor(rng.normal(size=(5, 4)), dtype=dtype, device=device))
+    return [out.numpy()] + [leaf.grad.numpy() for leaf in leaves]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("masked", [False, True], ids=["all-rows", "masked"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_projected_gru_step_equals_the_cell_given_x(device, masked, bias):
+    """GRUCell(projected=True) fed gi = x W_ih^T + b_ih is the same step as the cell given x:
+    output and every gradient (x's and W_ih's through gi's), float64, padded rows too."""
+    got = _projected_gru_grads(device, np.float64, True, masked, bias)
+    want = _projected_gru_grads(device, np.float64, False, masked, bias)
+    for name, a, b in zip(["h'", "x", "h", "w_ih", "w_hh", "b_ih", "b_hh"], got, want, strict=False):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13, err_msg=name)
+
+
+def test_projected_gru_step_names_the_shapes_it_expects():
+    with pytest.raises(ta.ShapeError, match=r"GRUCell: projected=True expects gi \(\.\.\., 3H\), h_prev "
+                                            r"\(\.\.\., H\), w_hh \(3H, H\) and optionally b_hh \(3H,\); "
+                                            r"got gi \(2, 6\), h_prev \(2, 3\), w_hh \(9, 3\)"):
+        ta.ops.GRUCell.apply(t(2, 6), t(2, 3), t(9, 3), projected=True)
+    with pytest.raises(ta.ShapeError, match="projected=True takes gi, the input's product, whole"):
+        ta.ops.GRUCell.apply(t(2, 3), t(2, 6), t(2, 3), t(9, 3), projected=True, parts=2)
+
+
 def test_cpu_float32_tanh_keeps_its_relative_accuracy_near_zero_and_saturates():
     # 1 - 2/(e^{2x} + 1) would lose every digit near 0; the kernel's polynomial must not.
     from tinygrad_attn.compiler.cpu import rnn as cpu_rnn

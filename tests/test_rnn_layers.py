@@ -122,7 +122,7 @@ def test_host_mask_columns_become_tensors_once_per_call(kind, monkeypatch):
     original = Tensor.__init__
 
     def counting(self, data, *args, **kwargs):
-        if isinstance(data, np.ndarray) and data.shape == (3, 1):
+        if isinstance(data, np.ndarray) and data.shape == (3, 1, 1):     # (B, 1, 1): steps are (B, 1, ...)
             made.append(data.dtype)
         original(self, data, *args, **kwargs)
 
@@ -147,6 +147,59 @@ def test_step_equals_unroll(kind):
     for t, x in enumerate(xs):
         top, states = layer.step(x, states)
         np.testing.assert_allclose(top.numpy(), outputs[t].numpy(), atol=1e-14)
+
+
+@pytest.mark.parametrize("kind", LAYERS)
+def test_layer_multiplies_every_steps_input_in_one_product(kind):
+    """Per layer and direction one Linear of W_ih over all steps' inputs (B, T, I), and every
+    step is given its rows of that product: 4 input products for 2 bidirectional layers, not
+    4 x T; a GRU's steps are GRUCell(projected=True) nodes."""
+    ta.manual_seed(11)
+    layer = getattr(nn, kind)(3, 4, num_layers=2, bidirectional=True).double()
+    out, h_n = layer(Tensor(np.random.default_rng(12).standard_normal((2, 5, 3)), dtype=np.float64))
+    h_n = h_n[0] if kind == "LSTM" else h_n
+    nodes = [t.node for t in ta.viz.nodes(out.sum() + h_n.sum()) if t.node is not None]
+    w_ih = {id(p) for name, p in layer.named_parameters() if name.startswith("weight_ih")}
+    products = [node for node in nodes if any(id(x) in w_ih for x in node.inputs)]
+    assert len(products) == 4 and {node.op_name for node in products} == {"Linear"}
+    assert all(node.inputs[0].shape[:2] == (2, 5) for node in products)        # every step at once
+    cells = [node for node in nodes if node.op_name == "GRUCell"]
+    assert len(cells) == (2 * 2 * 5 if kind == "GRU" else 0)
+    assert all(cell.attrs.get("projected") for cell in cells)
+
+
+@pytest.mark.parametrize("kind", LAYERS)
+@pytest.mark.parametrize("masked", [False, True])
+def test_unroll_of_a_joined_input_equals_unroll_of_its_steps(kind, masked):
+    """unroll((B, T, I)) is unroll of its T (B, 1, I) steps: outputs, final states and
+    gradients (of the input and of every weight) bit for bit."""
+    ta.manual_seed(13)
+    layer = getattr(nn, kind)(3, 4, num_layers=2, bidirectional=True).double()
+    x = np.random.default_rng(14).standard_normal((3, 5, 3))
+    mask = (np.arange(5)[None, :] < np.array([5, 2, 4])[:, None]) if masked else None
+    weights = np.random.default_rng(15).standard_normal((3, 1, 8))
+
+    def run(joined: bool):
+        layer.zero_grad()
+        whole = Tensor(x, dtype=np.float64, requires_grad=True)
+        steps = [Tensor(x[:, t : t + 1], dtype=np.float64, requires_grad=True) for t in range(5)]
+        outputs, finals = layer.unroll(whole if joined else steps, mask=mask)
+        states = [f[0] if kind == "LSTM" else f for f in finals]
+        loss = sum((o * Tensor(weights * (t + 1), dtype=np.float64)).sum() for t, o in enumerate(outputs))
+        (loss + sum((s * s).sum() for s in states)).backward()
+        x_grad = whole.grad.numpy() if joined else np.concatenate([s.grad.numpy() for s in steps], axis=1)
+        return ([o.numpy() for o in outputs] + [s.numpy() for s in states] + [x_grad]
+                + [p.grad.numpy() for p in layer.parameters()])
+
+    for a, b in zip(run(True), run(False), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_unroll_of_a_joined_input_checks_its_width():
+    layer = nn.GRU(3, 4)
+    with pytest.raises(ta.ShapeError, match=r"GRU: a joined input must be \(B, T, I\) with I = 3, "
+                                            r"got \(2, 5, 4\)"):
+        layer.unroll(Tensor(np.zeros((2, 5, 4))))
 
 
 @needs_torch

@@ -309,6 +309,16 @@ def gru_step(x: Tensor | tuple[Tensor, ...], h: Tensor, w_ih: Tensor, w_hh: Tens
     return GRUCell.apply(*parts, h, w_ih, w_hh, *biases, *masked, **attrs)
 
 
+def gru_projected_step(gi: Tensor, h: Tensor, w_hh: Tensor, b_hh: Tensor | None, keep=None) -> Tensor:
+    """``gru_step`` given gi = x W_ih^T + b_ih (..., 3H) in place of x: for a layer that
+    multiplies every step's input at once (``nn.GRU.unroll``); one ``GRUCell`` node with
+    ``projected=True``, no argument checks.  ``keep`` as in ``gru_step``."""
+    bias = () if b_hh is None else (b_hh,)
+    if keep is None:
+        return GRUCell.apply(gi, h, w_hh, *bias, projected=True)
+    return GRUCell.apply(gi, h, w_hh, *bias, keep, projected=True, masked=True)
+
+
 def lstm_cell(x: Tensor, hx: tuple[Tensor, Tensor] | None, w_ih: Tensor, w_hh: Tensor,
               b_ih: Tensor | None = None, b_hh: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """One LSTM step, as ``torch.nn.LSTMCell`` (and ``torch.lstm_cell``): PyTorch's gate order
@@ -350,7 +360,14 @@ def lstm_cell(x: Tensor, hx: tuple[Tensor, Tensor] | None, w_ih: Tensor, w_hh: T
 def lstm_step(x: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | None,
               b_hh: Tensor | None) -> tuple[Tensor, Tensor]:
     """``lstm_cell`` without its argument checks, for layers that check once per sequence."""
-    gates = _affine(x, w_ih, b_ih) + _affine(h, w_hh, b_hh)          # (..., 4H)
+    return lstm_projected_step(_affine(x, w_ih, b_ih), h, c, w_hh, b_hh)
+
+
+def lstm_projected_step(gi: Tensor, h: Tensor, c: Tensor, w_hh: Tensor,
+                        b_hh: Tensor | None) -> tuple[Tensor, Tensor]:
+    """``lstm_step`` given gi = x W_ih^T + b_ih (..., 4H) in place of x (see
+    ``gru_projected_step``)."""
+    gates = gi + _affine(h, w_hh, b_hh)                              # (..., 4H)
     c_next = LSTMCellState.apply(gates, c)                           # (..., H)
     return LSTMHidden.apply(gates, c_next), c_next
 
@@ -359,5 +376,12 @@ def rnn_step(x: Tensor, h: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor | No
              b_hh: Tensor | None, nonlinearity: str = "tanh") -> Tensor:
     """One Elman RNN step, as ``torch.nn.RNNCell``: h' = f(x W_ih^T + b_ih + h W_hh^T + b_hh),
     f = tanh or relu (the seeds' SimpleRNN is the tanh one).  No argument checks."""
-    pre = _affine(x, w_ih, b_ih) + _affine(h, w_hh, b_hh)            # (..., H)
+    return rnn_projected_step(_affine(x, w_ih, b_ih), h, w_hh, b_hh, nonlinearity)
+
+
+def rnn_projected_step(gi: Tensor, h: Tensor, w_hh: Tensor, b_hh: Tensor | None,
+                       nonlinearity: str = "tanh") -> Tensor:
+    """``rnn_step`` given gi = x W_ih^T + b_ih (..., H) in place of x (see
+    ``gru_projected_step``)."""
+    pre = gi + _affine(h, w_hh, b_hh)                                # (..., H)
     return pre.tanh() if nonlinearity == "tanh" else pre.relu()

@@ -328,6 +328,11 @@ def _gru_cell(g, op, inputs, tensors, out):
     # keeps its previous state.
     keep = inputs[-1] if op.attrs.get("masked", False) else None
     inputs = inputs[:-1] if keep is not None else inputs
+    if op.attrs.get("projected", False):         # gi = x W_ih^T + b_ih given: gi, h_prev, w_hh, b_hh
+        gi, h_prev, w_hh, *bias = inputs
+        gh = _linear(g, h_prev, w_hh, bias[0] if bias else None)
+        h = _gru_gates(g, gi, gh, h_prev, tensors[1].shape[-1], out.dtype)
+        return h if keep is None else g.node("Where", [keep, h, h_prev])
     xs = inputs[:parts]
     h_prev, w_ih, w_hh, *biases = inputs[parts:]
     x = xs[0] if parts == 1 else g.node("Concat", xs, axis=-1)                      # (..., I): [y; c]

@@ -203,11 +203,8 @@ class Seq2Seq(TorchTwin, nn.Module):
 
     def _luong_teacher_forced(self, tgt_in: np.ndarray | Tensor, memory: Memory):
         with scope(scopes.DECODER):
-            inputs = []
-            for t in range(tgt_in.shape[1]):
-                with scope(scopes.step(t)):
-                    inputs.append(self.drop(self.tgt_embed(tgt_in[:, t : t + 1])))   # (B, 1, E)
-            outputs, _ = self.decoder.unroll(inputs, memory.states)
+            inputs = self.drop(self.tgt_embed(tgt_in))                           # (B, T, E)
+            outputs, _ = self.decoder.unroll(inputs, memory.states)              # T x (B, 1, H)
             tops = cat(outputs, axis=1)                                          # (B, T, H)
             with scope(scopes.ATTENTION):
                 context, weights = self._attend(tops, memory)                    # (B, T, K), (B, T, S)
@@ -233,10 +230,7 @@ class Seq2Seq(TorchTwin, nn.Module):
             return Memory(keys, keys_proj, memory.mask[:, :0], memory.key_mask[:, :, :0], memory.states)
         mask = src != PAD
         with scope(scopes.ENCODER):
-            inputs = []
-            for t in range(src.shape[1]):
-                with scope(scopes.step(t)):          # the embedding joins its step's box in drawings
-                    inputs.append(self.drop(self.src_embed(src[:, t : t + 1])))  # (B, 1, E)
+            inputs = self.drop(self.src_embed(src))                              # (B, S, E)
             outputs, finals = self.encoder.unroll(inputs, mask=mask)             # S x (B, 1, K)
             keys = cat(outputs, axis=1) if self.attention_kind is not None else None   # (B, S, K)
             states = self._bridge(finals)

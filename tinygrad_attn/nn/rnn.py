@@ -3,7 +3,9 @@
 Parameter names, shapes, gate orders and initialisation (every weight and bias
 U(-1/sqrt(H), 1/sqrt(H))) are PyTorch's, so ``load_state_dict`` takes a PyTorch module's
 state_dict as it is, and the other way round.  GRU and LSTM steps run their elementwise part
-as one fused node (``ta.ops.GRUGates``, ``LSTMCellState``, ``LSTMHidden``).
+as one fused node (``ta.ops.GRUGates``, ``LSTMCellState``, ``LSTMHidden``), and a layer
+multiplies the inputs of all its steps by W_ih in one product before the first step (see
+``unroll``).
 
 One difference: the layers default to ``batch_first=True``, (B, T, features), like the rest
 of this engine; pass ``batch_first=False`` for PyTorch's default (T, B, features).
@@ -19,6 +21,7 @@ import numpy as np
 from .. import functional as F
 from .. import scopes
 from ..autograd import ShapeError, scope
+from ..ops.movement import Pieces, Split
 from ..tensor import Tensor, cat, stack, where
 from . import init
 from .module import Module, Parameter
@@ -156,11 +159,10 @@ class _RNNBase(Module):
         return (get(f"weight_ih{suffix}"), get(f"weight_hh{suffix}"), get(f"bias_ih{suffix}"),
                 get(f"bias_hh{suffix}"))
 
-    def _step(self, x: Tensor | tuple, state, weights, keep=None):
-        """One cell step; ``state`` is h, or (h, c) for an LSTM; ``x`` may be in parts.
-        ``keep`` (a GRU's only): a boolean column, False at rows whose state stays."""
+    def _step(self, x: Tensor | tuple, state, weights):
+        """One cell step; ``state`` is h, or (h, c) for an LSTM; ``x`` may be in parts."""
         if self.kind == "gru":
-            return F.gru_step(x, state, *weights, keep=keep)   # reads the parts without a Cat
+            return F.gru_step(x, state, *weights)              # reads the parts without a Cat
         if isinstance(x, tuple):
             x = cat(x, axis=-1)
         if self.kind == "lstm":
@@ -195,21 +197,33 @@ class _RNNBase(Module):
             layout = "(B, T, I)" if self.batch_first else "(T, B, I)"
             shape = x.shape if isinstance(x, Tensor) else type(x).__name__
             raise ShapeError(f"{name}: input must be {layout} with I = {self.input_size}, got {shape}")
-        steps = x.shape[1] if self.batch_first else x.shape[0]
-        xs = [x[:, t] if self.batch_first else x[t] for t in range(steps)]          # T x (B, I)
-        states = self._initial_states(hx, xs[0])
-        outputs, finals = self.unroll(xs, states, mask)
-        output = stack(outputs, axis=1 if self.batch_first else 0)                # (B, T, D*H)
-        if self.kind == "lstm":
-            return output, (stack([h for h, _ in finals]), stack([c for _, c in finals]))
-        return output, stack(finals)                                              # (L*D, B, H)
+        if x.shape[1 if self.batch_first else 0] == 0:
+            raise ShapeError(f"{name}: input has no steps (T = 0): {x.shape}")
+        # The steps as (B, 1, ...) rows of one (B, T, I) tensor: unroll reads it whole (a
+        # GRU's input product is one GEMM) and hands each step its rows as a Split piece.
+        x = x if self.batch_first else x.transpose(0, 1)                         # (B, T, I)
+        batch = x.shape[0]
+        states = self._initial_states(hx, batch)
+        outputs, finals = self.unroll(x, states, mask)                           # T x (B, 1, D*H)
+        output = cat(outputs, axis=1)                                            # (B, T, D*H)
+        if not self.batch_first:
+            output = output.transpose(0, 1)                                      # (T, B, D*H)
+        count = len(finals)
 
-    def _initial_states(self, hx, x0: Tensor) -> list | None:
-        """hx as PyTorch lays it out -> one state per (layer, direction), or None for zeros."""
+        def joined(states: list) -> Tensor:                                      # (L*D, B, H)
+            return stack(states).reshape(count, batch, self.hidden_size)
+
+        if self.kind == "lstm":
+            return output, (joined([h for h, _ in finals]), joined([c for _, c in finals]))
+        return output, joined(finals)
+
+    def _initial_states(self, hx, batch: int) -> list | None:
+        """hx as PyTorch lays it out -> one (B, 1, H) state per (layer, direction), or None
+        for zeros."""
         if hx is None:
             return None
         count = self.num_layers * self.num_directions
-        expected = (count, x0.shape[0], self.hidden_size)
+        expected = (count, batch, self.hidden_size)
         pair = hx if self.kind == "lstm" else (hx,)
         if self.kind == "lstm" and (not isinstance(hx, tuple | list) or len(hx) != 2):
             raise TypeError(f"{type(self).__name__}: hx must be a pair (h0, c0)")
@@ -217,66 +231,91 @@ class _RNNBase(Module):
             if part.shape != expected:
                 raise ShapeError(f"{type(self).__name__}: initial state must be {expected} "
                                  f"(num_layers * num_directions, B, H), got {part.shape}")
-        per_slot = [[part[k] for k in range(count)] for part in pair]
+        per_slot = [[part[k].reshape(batch, 1, self.hidden_size) for k in range(count)] for part in pair]
         return [tuple(parts) if self.kind == "lstm" else parts[0] for parts in zip(*per_slot, strict=True)]
 
-    def unroll(self, xs: list[Tensor], states: list | None = None, mask=None):
-        """The layer on a list of per-step inputs, returning per-step outputs: what a model
-        that builds its inputs step by step uses, since slicing one (B, T, ...) tensor per
-        step would cost a full-size gradient per slice in backward.
+    def unroll(self, xs: list[Tensor] | Tensor, states: list | None = None, mask=None):
+        """The layer on per-step inputs, returning per-step outputs: what a model that reads
+        each step's state (attention over the encoder's outputs, a decoder's steps) uses.
 
         Args:
-            xs: T tensors (B, I), or (B, 1, I): any leading axes, the same for every step.
+            xs: T tensors (B, I), or (B, 1, I): any leading axes, the same for every step; or
+                one tensor (B, T, I) whose steps are (B, 1, I) (axis -2 the steps, any axes
+                before it), as an embedding of a whole (B, T) batch gives.
             states: one initial state per (layer, direction), layer-major (h, or (h, c) for an
                 LSTM), or None for zeros.
             mask: boolean (B, T), True at real tokens, or None.
 
         Returns:
-            (outputs: T tensors (B, num_directions * H), finals: the last state of every
-            (layer, direction), layer-major).
+            (outputs: T tensors (B, num_directions * H) (shaped like a step's input), finals:
+            the last state of every (layer, direction), layer-major).
+
+        Every step's input is multiplied by W_ih at once, one GEMM per layer and direction
+        (as PyTorch's and cuDNN's layers do), and each step multiplies only its state; steps
+        read their rows of the product through ``Split`` pieces, whose gradients backward
+        joins once.
 
         Each step records its nodes under the scope ``t<step>``; the reverse direction of a
         bidirectional layer under ``t<step>/reverse``.
         """
         name = type(self).__name__
-        lead = xs[0].shape[:-1]
-        for t, x_t in enumerate(xs):
-            if x_t.shape != xs[0].shape:
-                raise ShapeError(f"{name}: step {t} has shape {x_t.shape}, step 0 has {xs[0].shape}")
-        keep = self._mask_columns(mask, lead, len(xs), xs[0].dtype, xs[0].device)
+        if isinstance(xs, Tensor):
+            if xs.ndim < 2 or xs.shape[-1] != self.input_size:
+                raise ShapeError(f"{name}: a joined input must be (B, T, I) with I = {self.input_size}, "
+                                 f"got {xs.shape}")
+            joined, steps, lead = xs, xs.shape[-2], xs.shape[:-2] + (1,)
+        else:
+            joined, steps, lead = None, len(xs), xs[0].shape[:-1]
+            for t, x_t in enumerate(xs):
+                if x_t.shape != xs[0].shape:
+                    raise ShapeError(f"{name}: step {t} has shape {x_t.shape}, step 0 has {xs[0].shape}")
+        like = xs if joined is not None else xs[0]                  # dtype and device
+        keep = self._mask_columns(mask, lead, steps, like.dtype, like.device)
         finals = []
+        below = None                 # the layer below's outputs, one list of steps per direction
         for layer in range(self.num_layers):
+            # Every step's input is known before the first step: one product for all.
+            if below is None:
+                layer_in = joined if joined is not None else _join_steps(xs, lead)       # (B, T, I)
+            else:
+                parts = [_join_steps(outs, lead) for outs in below]
+                layer_in = parts[0] if len(parts) == 1 else cat(parts, axis=-1)         # (B, T, D*H)
             if layer > 0 and self.dropout > 0.0 and self.training:
-                xs = [F.dropout(x_t, self.dropout) for x_t in xs]
+                layer_in = F.dropout(layer_in, self.dropout)
             directions = []
             for d, suffix in enumerate(self._suffixes(layer)):
                 weights = self._weights(suffix)
                 slot = layer * self.num_directions + d
                 state = None if states is None else states[slot]
                 if state is None:
-                    zeros = Tensor.zeros(*lead, self.hidden_size, dtype=xs[0].dtype, device=xs[0].device)
+                    zeros = Tensor.zeros(*lead, self.hidden_size, dtype=like.dtype, device=like.device)
                     state = (zeros, zeros) if self.kind == "lstm" else zeros
-                if layer == 0 and d == 0:
+                if layer == 0 and d == 0 and joined is None:
                     F.check_cell(name, _GATES[self.kind], xs[0],
                                  (("h", state[0] if self.kind == "lstm" else state),), *weights)
-                order = range(len(xs) - 1, -1, -1) if d == 1 else range(len(xs))
-                outs: list = [None] * len(xs)
+                products = _StepPieces(F.linear(layer_in, weights[0], weights[2]), steps, lead)
+                order = range(steps - 1, -1, -1) if d == 1 else range(steps)
+                outs: list = [None] * steps
                 for t in order:
                     with scope(scopes.step(t)), (scope(scopes.REVERSE) if d == 1 else nullcontext()):
-                        if self.kind == "gru" and keep[t] is not None:
-                            # The GRU's fused node keeps the state at padded rows itself.
-                            state = self._step(xs[t], state, weights, keep[t][0])
-                            outs[t] = state * keep[t][1]
-                        else:
-                            new = self._step(xs[t], state, weights)
-                            outs[t], state = self._masked(new, state, keep[t])
+                        outs[t], state = self._projected_step(products.step(t), state, weights, keep[t])
                 directions.append(outs)
                 finals.append(state)
-            if self.num_directions == 1:
-                xs = directions[0]
-            else:
-                xs = [cat([f, b], axis=-1) for f, b in zip(*directions, strict=True)]   # (B, 2H)
-        return xs, finals
+            below = directions
+        return (below[0] if len(below) == 1 else _join_directions(below)), finals
+
+    def _projected_step(self, gi: Tensor, state, weights, keep):
+        """(output, state) of one step given gi = x W_ih^T + b_ih; ``keep`` as ``_masked``'s."""
+        _, w_hh, _, b_hh = weights
+        if self.kind == "gru":
+            # The GRU's fused node keeps the state at padded rows itself.
+            h = F.gru_projected_step(gi, state, w_hh, b_hh, None if keep is None else keep[0])
+            return (h if keep is None else h * keep[1]), h
+        if self.kind == "lstm":
+            new = F.lstm_projected_step(gi, *state, w_hh, b_hh)
+        else:
+            new = F.rnn_projected_step(gi, state, w_hh, b_hh, getattr(self, "nonlinearity", "tanh"))
+        return self._masked(new, state, keep)
 
     def step(self, x: Tensor | tuple[Tensor, ...], states: list | None = None):
         """One time step through every layer of a unidirectional stack: what a decoder uses
@@ -441,3 +480,33 @@ class LSTM(_RNNBase):
     (output, (h_n, c_n)).  See ``GRU`` for the arguments."""
 
     kind = "lstm"
+
+
+def _join_directions(directions: list[list[Tensor]]) -> list[Tensor]:
+    """Per step, the directions' outputs side by side: (B, 2H)."""
+    return [cat(parts, axis=-1) for parts in zip(*directions, strict=True)]
+
+
+def _join_steps(steps: list[Tensor], lead: tuple) -> Tensor:
+    """T step tensors lead + (F,) -> one tensor with the steps on the axis before F: a
+    (B, 1, F) layout joins along its 1 ((B, T, F)), any other stacks on a new axis."""
+    if lead and lead[-1] == 1:
+        return steps[0] if len(steps) == 1 else cat(steps, axis=-2)          # (B, T, F)
+    if len(steps) == 1:
+        return steps[0].reshape(*lead, 1, steps[0].shape[-1])
+    return stack(steps, axis=len(lead))                                       # lead + (T, F)
+
+
+class _StepPieces:
+    """A joined tensor's steps back out, one ``Split`` piece per step, made when its step
+    runs (so it sits in that step's scope in drawings); the pieces share one ``Pieces``, so
+    backward joins their gradients with one ``cat`` instead of a zero-filled full-size
+    gradient per step."""
+
+    def __init__(self, joined: Tensor, steps: int, lead: tuple):
+        self.joined, self.lead, self.sizes = joined, lead, (1,) * steps
+        self.pieces = Pieces(steps)
+
+    def step(self, t: int) -> Tensor:
+        piece = Split.apply(self.joined, sizes=self.sizes, axis=-2, index=t, pieces=self.pieces)
+        return piece if self.lead and self.lead[-1] == 1 else piece.reshape(*self.lead, piece.shape[-1])

@@ -147,15 +147,26 @@ class GRUCell(Op):
     With ``masked=True`` a last input ``keep``, boolean (..., 1), False at a row's padded
     step: there h = h_prev (``where(keep, h, h_prev)``, inside the gates kernel rather than
     a node and two backward passes of its own at every step of a masked sequence).
+
+    With ``projected=True`` the first input is gi = x W_ih^T + b_ih itself (..., 3H), and
+    the inputs are gi, h_prev, w_hh and b_hh (or no bias): a layer that knows every step's
+    input before the first step (``nn.GRU.unroll``) computes the input products of all steps
+    as one GEMM, as PyTorch's and cuDNN's GRU layers do, and each step multiplies only its
+    state.  The result is the same cell; only the input product's rounding differs.
     """
 
     kernels = ("add", "cat", "gru_gates", "gru_gates_back", "matmul", "matmul_nt", "matmul_tn",
                "reshape", "split", "sum")
 
     @staticmethod
-    def symbolic(sp, *inputs, parts=1, masked=False):
+    def symbolic(sp, *inputs, parts=1, masked=False, projected=False):
         if masked:
             *inputs, keep = inputs
+        if projected:
+            gi, h_prev, w_hh, *bias = (np.asarray(a, dtype=object) for a in inputs)
+            gh = np.matmul(h_prev, w_hh.T)
+            h = GRUGates.symbolic(sp, gi, gh + bias[0] if bias else gh, h_prev)
+            return np.where(keep, h, h_prev) if masked else h
         x = np.concatenate([np.asarray(p, dtype=object) for p in inputs[:parts]], axis=-1)
         h_prev, w_ih, w_hh, *biases = (np.asarray(a, dtype=object) for a in inputs[parts:])
         gi = np.matmul(x, w_ih.T)
@@ -170,6 +181,8 @@ class GRUCell(Op):
         keep = None
         if self.attrs.get("masked", False):
             *inputs, keep = inputs
+        if self.attrs.get("projected", False):
+            return self._forward_projected(inputs, keep)
         if not 1 <= parts <= len(inputs) - 3:
             self.fail(f"parts={parts} needs 1 to {len(inputs) - 3} input parts before h_prev, "
                       f"w_ih and w_hh; got {len(inputs)} inputs")
@@ -186,11 +199,7 @@ class GRUCell(Op):
                       f"and biases (3H,) both or neither; got {shapes}")
         kb = self.backend
         if keep is not None:
-            check_bool(self, keep, "keep")
-            if keep.shape != h_prev.shape[:-1] + (1,):
-                self.fail(f"keep must be {h_prev.shape[:-1] + (1,)} (h_prev's batch axes, then 1); "
-                          f"got {tuple(keep.shape)}")
-            keep = _rows(kb, keep)                                      # (B, 1)
+            keep = self._check_keep(keep, h_prev)
         h_prev2 = _rows(kb, h_prev)                                     # (B, H)
         if parts == 1:
             x2 = _rows(kb, xs[0])                                       # (B, I)
@@ -207,7 +216,43 @@ class GRUCell(Op):
         self.saved = (x2, h_prev2, w_ih, w_hh, gates, gh, [tuple(x.shape) for x in xs], h_prev.shape, keep)
         return _unrows(kb, h, h_prev.shape)
 
+    def _check_keep(self, keep, h_prev):
+        check_bool(self, keep, "keep")
+        if keep.shape != h_prev.shape[:-1] + (1,):
+            self.fail(f"keep must be {h_prev.shape[:-1] + (1,)} (h_prev's batch axes, then 1); "
+                      f"got {tuple(keep.shape)}")
+        return _rows(self.backend, keep)                               # (B, 1)
+
+    def _forward_projected(self, inputs, keep):
+        if self.attrs.get("parts", 1) != 1:
+            self.fail("projected=True takes gi, the input's product, whole: parts must be 1")
+        check_same_dtype(self, *inputs)
+        gi, h_prev, w_hh, *bias = inputs
+        check_float(self, h_prev)
+        hidden = dim(h_prev, -1) if h_prev.ndim else -1
+        if (h_prev.ndim == 0 or gi.shape != h_prev.shape[:-1] + (3 * hidden,) or len(bias) > 1
+                or w_hh.shape != (3 * hidden, hidden) or any(b.shape != (3 * hidden,) for b in bias)):
+            names = ("gi", "h_prev", "w_hh", "b_hh")
+            shapes = ", ".join(f"{name} {tuple(a.shape)}" for name, a in zip(names, inputs, strict=False))
+            self.fail(f"projected=True expects gi (..., 3H), h_prev (..., H), w_hh (3H, H) and "
+                      f"optionally b_hh (3H,); got {shapes}")
+        kb = self.backend
+        if keep is not None:
+            keep = self._check_keep(keep, h_prev)
+        h_prev2 = _rows(kb, h_prev)                                     # (B, H)
+        gh = kb.matmul_nt(h_prev2, w_hh)                                # (B, 3H)
+        if bias:
+            gh = kb.add(gh, bias[0])
+        if keep is None:
+            h, gates = kb.gru_gates(_rows(kb, gi), gh, h_prev2)         # (B, H), (B, 3H)
+        else:
+            h, gates = kb.gru_gates(_rows(kb, gi), gh, h_prev2, keep)
+        self.saved = (h_prev2, w_hh, gates, gh, gi.shape, h_prev.shape, keep)
+        return _unrows(kb, h, h_prev.shape)
+
     def backward(self, dh):
+        if self.attrs.get("projected", False):
+            return self._backward_projected(dh)
         x2, h_prev2, w_ih, w_hh, gates, gh, x_shapes, state_shape, keep = self.saved
         kb = self.backend
         parts = len(x_shapes)
@@ -240,6 +285,23 @@ class GRUCell(Op):
                 grads[parts + 4] = DeferredGrad(kb, kb.sum, dgh.shape[1:], (dgh,), (0, False))
         return tuple(grads)
 
+    def _backward_projected(self, dh):
+        h_prev2, w_hh, gates, gh, gi_shape, state_shape, keep = self.saved
+        kb = self.backend
+        need = self.needs_grad
+        dgi, dgh, dh_prev = kb.gru_gates_back(gates, gh, h_prev2, _rows(kb, dh),
+                                              *(() if keep is None else (keep,)))
+        grads = [None] * len(need)
+        if need[0]:
+            grads[0] = _unrows(kb, dgi, gi_shape)
+        if need[1]:
+            grads[1] = _unrows(kb, kb.add(dh_prev, kb.matmul(dgh, w_hh)), state_shape)
+        if need[2]:
+            grads[2] = DeferredGrad(kb, kb.matmul_tn, w_hh.shape, (dgh, h_prev2))      # (3H, H)
+        if len(need) - (keep is not None) == 4 and need[3]:
+            grads[3] = DeferredGrad(kb, kb.sum, dgh.shape[1:], (dgh,), (0, False))
+        return tuple(grads)
+
     @classmethod
     def examples(cls):
         return [Example((uniform(940, 2, 3), uniform(941, 2, 2), uniform(942, 6, 3), uniform(943, 6, 2),
@@ -256,7 +318,12 @@ class GRUCell(Op):
                         {"masked": True}),                                           # a padded row
                 Example((uniform(969, 2, 1, 2), uniform(970, 2, 1, 1), uniform(971, 2, 1, 2),
                          uniform(972, 6, 3), uniform(973, 6, 2), np.array([[[False]], [[True]]])),
-                        {"parts": 2, "masked": True})]                               # no biases
+                        {"parts": 2, "masked": True}),                               # no biases
+                Example((uniform(974, 2, 6), uniform(975, 2, 2), uniform(976, 6, 2), uniform(977, 6)),
+                        {"projected": True}),                                        # gi = x W_ih^T + b_ih
+                Example((uniform(978, 3, 1, 3), uniform(979, 3, 1, 1), uniform(980, 3, 1),
+                         np.array([[[True]], [[False]], [[True]]])),
+                        {"projected": True, "masked": True})]                        # no bias, a padded row
 
 
 @register
