@@ -195,11 +195,16 @@ def test_unroll_of_a_joined_input_equals_unroll_of_its_steps(kind, masked):
         np.testing.assert_array_equal(a, b)
 
 
-def test_unroll_of_a_joined_input_checks_its_width():
-    layer = nn.GRU(3, 4)
-    with pytest.raises(ta.ShapeError, match=r"GRU: a joined input must be \(B, T, I\) with I = 3, "
+@pytest.mark.parametrize("kind", LAYERS)
+def test_unroll_of_a_joined_input_checks_its_width_and_states(kind):
+    layer = getattr(nn, kind)(3, 4)
+    with pytest.raises(ta.ShapeError, match=rf"{kind}: a joined input must be \(B, T, I\) with I = 3, "
                                             r"got \(2, 5, 4\)"):
         layer.unroll(Tensor(np.zeros((2, 5, 4))))
+    h = Tensor(np.zeros((2, 4)))                     # (B, H): the steps are (B, 1, I), so (B, 1, H)
+    with pytest.raises(ta.ShapeError, match=rf"{kind}: state 0 must be \(2, 1, 4\) \(a step's batch "
+                                            r"axes, then H\), got \(2, 4\)"):
+        layer.unroll(Tensor(np.zeros((2, 5, 3))), [(h, h) if kind == "LSTM" else h])
 
 
 @needs_torch

@@ -270,6 +270,15 @@ class _RNNBase(Module):
                 if x_t.shape != xs[0].shape:
                     raise ShapeError(f"{name}: step {t} has shape {x_t.shape}, step 0 has {xs[0].shape}")
         like = xs if joined is not None else xs[0]                  # dtype and device
+        if joined is not None and states is not None:
+            # A list's first step is checked with the cell's arguments below; a joined input
+            # has no step tensor to check, and a state of the wrong shape would broadcast.
+            expected = lead + (self.hidden_size,)
+            for k, state in enumerate(states):
+                for part in (state if self.kind == "lstm" else (state,)):
+                    if part is not None and part.shape != expected:
+                        raise ShapeError(f"{name}: state {k} must be {expected} (a step's batch axes, "
+                                         f"then H), got {part.shape}")
         keep = self._mask_columns(mask, lead, steps, like.dtype, like.device)
         finals = []
         below = None                 # the layer below's outputs, one list of steps per direction
