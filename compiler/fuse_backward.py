@@ -167,15 +167,17 @@ def _grow(graph: Graph, nodes: list[GraphNode], producer: dict, root: int, taken
     return group
 
 
-def mark_derivatives(entries: list, chains: list) -> list:
+def mark_derivatives(entries: list, derivatives: dict) -> list:
     """``entries`` with each call of a chain's derivative kernel a ``FusedCall`` carrying the
     chain and the leaf it differentiates by: what ``Plan.chains`` lists, ``ta.check.fused``
-    checks and the plan's picture labels."""
-    kernels = {kernel.name: (c.chain, leaf) for c in chains for leaf, kernel in enumerate(c.kernels)}
-    marked = []
-    for e in entries:
-        known = kernels.get(e.kernel) if type(e) is Call else None
-        if known is not None:
-            e = FusedCall(e.device, e.kernel, e.args, e.kwargs, e.outs, e.tag, known[0], known[1])
-        marked.append(e)
+    checks and the plan's picture labels.  ``derivatives``: entry index -> (ChainBackward,
+    leaf), as the engine noted each call: by place, not by kernel name, since chains of one
+    composed formula at other shapes or parameter values share the kernel."""
+    marked = list(entries)
+    for index, (chain, leaf) in derivatives.items():
+        e = entries[index]
+        if type(e) is not Call or e.kernel != chain.kernels[leaf].name:
+            raise RuntimeError(f"fuse_backward: entry {index} ({e.kernel}) was noted as the call of "
+                               f"{chain.kernels[leaf].name} but is not that kernel's plain call")
+        marked[index] = FusedCall(e.device, e.kernel, e.args, e.kwargs, e.outs, e.tag, chain.chain, leaf)
     return marked

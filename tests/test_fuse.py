@@ -412,6 +412,30 @@ def test_each_plan_keeps_its_own_chains(fusing_compile):
         ta.check.fused(forward[0].formula.name)
 
 
+def test_derivative_calls_carry_their_own_chain(fusing_compile):
+    # Two chains of one composed formula (a*b + a) at two shapes share their derivative
+    # kernels; each derivative call carries the chain it differentiates, so each is labelled
+    # and checked at its own shapes.
+    def fn(a, b, c, d):
+        loss = (a * b + a).sum() + (c * d + c).sum()
+        loss.backward()
+        return loss
+
+    rng = np.random.default_rng(5)
+    leaves = [ta.Tensor(rng.normal(size=shape), requires_grad=True) for shape in ((4, 5), (4, 5), (3,), (3,))]
+    step = fusing_compile(fn)
+    step(*leaves)
+    derivative_calls = [e for e in step.plans[0].entries if getattr(e, "derivative", None) is not None]
+    assert len(derivative_calls) == 4                                          # da, db, dc, dd
+    assert len({e.kernel for e in derivative_calls}) == 2                      # the kernels are shared
+    shape_of_input = {0: (4, 5), 1: (4, 5), 2: (3,), 3: (3,)}                 # the plan's slots of a, b, c, d
+    for e in derivative_calls:
+        read = {shape_of_input[arg.index] for arg in e.args if getattr(arg, "index", None) in shape_of_input}
+        assert read == {e.chain.shapes[0]}, (e.kernel, e.args, e.chain.shapes)
+    assert sorted(c.shapes[0] for c in step.plans[0].chains) == [(3,), (4, 5)]
+    assert all(r.ok for r in _checked(step))
+
+
 def _fused_kernels(fn, n, dtype="float64"):
     """The member kernels of each fused chain of ``fn``'s plan (forward, no grad) on two (n,)
     tensors, after checking that its result equals eager's."""

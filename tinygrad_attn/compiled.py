@@ -92,6 +92,7 @@ class _Capture:
         self.starts: list[int] = []               # per op entered: its first entry
         self.single: dict[int, int] = {}          # id(op) -> its forward's one recorded call
         self.chains: list = []                    # the chains whose backward was composed
+        self.derivatives: dict = {}               # entry index -> (ChainBackward, leaf) of a call
         self.owners: dict[int, Tensor] = {}       # external slot -> the tensor it is the array of
         self.leaves: dict[int, _Leaf] = {}
         self.modules: dict[int, tuple] = {}        # id -> (Module, its training flag when called)
@@ -194,7 +195,7 @@ class _Capture:
         if any(len(owners.get(slot, ())) != 1 for slot in chain.leaves):
             return None
         leaves = [next(iter(owners[slot].values())) for slot in chain.leaves]
-        return _ChainGrad(chain, [t.node for t in members], leaves)
+        return _ChainGrad(chain, [t.node for t in members], leaves, self)
 
     def backward_done(self, retain_graph: bool) -> None:
         self.retained = self.retained or retain_graph
@@ -228,10 +229,12 @@ class _Capture:
 class _ChainGrad:
     """A fused chain's backward as if the chain were one node over its leaf tensors
     (``inputs``): per leaf needing a gradient, the composed derivative's kernel on the leaves
-    and the root's gradient, summed down to the leaf's shape where it was broadcast."""
+    and the root's gradient, summed down to the leaf's shape where it was broadcast.  Each
+    kernel call is noted in ``capture.derivatives`` by its place in the recording: two chains
+    of one formula (one kernel name) at other shapes or parameters stay apart."""
 
-    def __init__(self, chain, nodes: list, inputs: list):
-        self.chain, self.nodes, self.inputs = chain, nodes, inputs
+    def __init__(self, chain, nodes: list, inputs: list, capture):
+        self.chain, self.nodes, self.inputs, self.capture = chain, nodes, inputs, capture
         self.backend = nodes[-1].op.backend
         formula = chain.chain.formula
         values = dict(zip(formula.params, chain.chain.params, strict=True))
@@ -245,8 +248,11 @@ class _ChainGrad:
             if not x.requires_grad:
                 grads.append(None)
                 continue
-            g = grad if kernel.identity else \
-                getattr(self.backend, kernel.name)(*self.chain.operands(i, arrays, grad), *self.params[i])
+            if kernel.identity:
+                g = grad
+            else:
+                g = getattr(self.backend, kernel.name)(*self.chain.operands(i, arrays, grad), *self.params[i])
+                self.capture.derivatives[len(self.capture.recorder.entries) - 1] = (self.chain, i)
             grads.append(g if tuple(g.shape) == x.shape else self.backend.sum_to(g, x.shape))
         return grads
 
@@ -648,10 +654,10 @@ class Compiled:
         for index, owner in capture.owners.items():
             external_names[index] = _unique(_identifier(f"p_{owner.name}" if owner.name else f"e{index}"),
                                             taken, index)
-        if capture.chains:
+        if capture.derivatives:
             from .compiler.fuse_backward import mark_derivatives
 
-            recorder.entries = mark_derivatives(recorder.entries, capture.chains)
+            recorder.entries = mark_derivatives(recorder.entries, capture.derivatives)
         number = self.stats.captures + 1
         device = tensors[0].device if tensors else "cpu"
         pairs = zip(inputs[:len(tensors)], tensors, strict=True)
