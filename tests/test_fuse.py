@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 
 import numpy as np
 import pytest
@@ -434,6 +435,19 @@ def test_derivative_calls_carry_their_own_chain(fusing_compile):
         assert read == {e.chain.shapes[0]}, (e.kernel, e.args, e.chain.shapes)
     assert sorted(c.shapes[0] for c in step.plans[0].chains) == [(3,), (4, 5)]
     assert all(r.ok for r in _checked(step))
+
+
+def test_a_derivative_noted_at_the_wrong_call_is_refused():
+    # The engine notes each derivative call by its place; a place holding another kernel's
+    # call (a recording out of step with the notes) is an error, not a silently wrong label.
+    from tinygrad_attn.compiler.capture import Call
+
+    chain = types.SimpleNamespace(kernels=[types.SimpleNamespace(name="fused_x_back_x0")], chain=object())
+    entries = [Call("cpu", "sum", (), {}, None), Call("cpu", "fused_x_back_x0", (), {}, None)]
+    marked = fuse_backward.mark_derivatives(entries, {1: (chain, 0)})
+    assert type(marked[0]) is Call and marked[1].derivative == 0 and marked[1].chain is chain.chain
+    with pytest.raises(RuntimeError, match="entry 0 \\(sum\\) was noted as the call of fused_x_back_x0"):
+        fuse_backward.mark_derivatives(entries, {0: (chain, 0)})
 
 
 def _fused_kernels(fn, n, dtype="float64"):
