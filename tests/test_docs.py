@@ -163,6 +163,18 @@ def test_readme_headline_figures_come_from_bench_results():
     assert not missing, f"README rows whose figures share no section of bench/RESULTS.md: {missing}"
 
 
+def test_readme_cmudict_rows_of_ours_come_from_bench_results():
+    # The published rows quote papers; each of our rows (marked "ours") is one run of RESULTS.
+    text = README.read_text()
+    table = text[text.index("## CMUdict beside published results"):].split("\n## ")[0]
+    sections = (ROOT / "bench" / "RESULTS.md").read_text().split("\n## ")
+    ours = [[cell.strip("* ") for cell in row.split("|")[3:5]] for row in table.splitlines()
+            if row.startswith("| ") and "ours |" in row]
+    assert len(ours) >= 4 and all(wer.endswith("%") and per.endswith("%") for wer, per in ours)
+    missing = [row for row in ours if not any(all(f in section for f in row) for section in sections)]
+    assert not missing, f"README CMUdict rows whose figures share no section of bench/RESULTS.md: {missing}"
+
+
 def test_ops_table_lists_every_registered_op():
     import tinygrad_attn  # noqa: F401  (registers the package's ops)
 
