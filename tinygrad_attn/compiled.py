@@ -91,7 +91,6 @@ class _Capture:
         self.ops: list = []
         self.starts: list[int] = []               # per op entered: its first entry
         self.single: dict[int, int] = {}          # id(op) -> its forward's one recorded call
-        self.chains: list = []                    # the chains whose backward was composed
         self.derivatives: dict = {}               # entry index -> (ChainBackward, leaf) of a call
         self.owners: dict[int, Tensor] = {}       # external slot -> the tensor it is the array of
         self.leaves: dict[int, _Leaf] = {}
@@ -171,7 +170,6 @@ class _Capture:
             grad = self._chain_grad(chain, members, {nodes[k].out for k in chain.members})
             if grad is not None:
                 found[id(members[-1].node)] = grad
-                self.chains.append(chain)
         return found
 
     def _slot(self, t: Tensor) -> int:
