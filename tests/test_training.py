@@ -465,6 +465,27 @@ def test_train_compiled_equals_eager_on_the_same_padded_batches(make, pad_to):
     assert_same_weights(compiled.state_dict(), weights(eager))
 
 
+def test_train_compiled_validates_with_compiled_decoding():
+    """A compiled run decodes its validation pairs with compiled steps, replayed at every
+    evaluation after the first: the scores each evaluation records are those of an eager run."""
+    from tinygrad_attn.models.decoding import compiled_functions
+
+    task = small_task()
+    runs = {}
+    for compiled in (True, False):
+        ta.manual_seed(0)
+        model = small_model(task, dropout=0.0)
+        history = ta.models.train(model, task, steps=12, batch_size=8, eval_every=4, compile=compiled,
+                                  pad_to="auto")
+        runs[compiled] = (model, [(r["valid_loss"], r["valid_exact_match"]) for r in history
+                                  if "valid_loss" in r])
+    (compiled_model, compiled_scores), (eager_model, eager_scores) = runs[True], runs[False]
+    assert len(compiled_scores) == 3 and compiled_scores == eager_scores
+    [step] = [f for f in compiled_functions(compiled_model) if f.stats.replays]
+    assert step.stats.captures >= 1 and step.stats.eager_calls == 0
+    assert compiled_functions(eager_model) == []
+
+
 def test_train_compiled_captures_each_shape_once(caplog):
     """The gradients exist before the first compiled step, as at every later one: the first
     step's capture serves the run (one shape here: every pair has the same lengths), not a

@@ -111,7 +111,8 @@ def beam_options(args) -> dict:
 def add_compile(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", action="store_true",
                         help="replay every decoding step as a compiled plan (ta.compile): the same "
-                             "outputs, faster")
+                             "outputs; each batch shape is captured first (an eager step and its "
+                             "recording), so it pays only where many batches share few shapes")
 
 
 def compile_options(args, model) -> dict:

@@ -124,7 +124,7 @@ def add_parser(commands) -> None:
     run.add_argument("--compile", action="store_true",
                      help="replay each training step as a compiled plan (ta.compile): batches are padded "
                           "to a shape already met or a little longer (pad_to \"auto\"), so results "
-                          "equal an eager run's to rounding")
+                          "equal an eager run's to rounding; validation decodes with compiled steps too")
     run.add_argument("--no-progress", action="store_true",
                      help="no progress bar (without a terminal, progress is printed as lines anyway)")
     add_threads(train)

@@ -40,7 +40,7 @@ from ..compiled import compile as compile_step
 from ..serialize import write_text
 from ..tensor import Tensor
 from .checkpoint import load_checkpoint, save_checkpoint
-from .evaluation import Model, evaluate, validation_loss
+from .evaluation import Model, decoding_compiles, evaluate, validation_loss
 
 SCHEDULES = ("constant", "cosine", "plateau")
 
@@ -125,6 +125,8 @@ def train(model: Model, task: data.Task, steps: int = 1000, batch_size: int = 64
         compile: run each step (zero_grad, loss, backward, clipping, the optimizer's update)
             as a ``ta.compile`` plan: captured at the first batch of each padded shape, then
             replayed without Python dispatch.  Ids reach the model as Tensors on its device.
+            Validation decodes with compiled steps too (``evaluate(compile=True)``: the same
+            outputs and scores as eager decoding).
         pad_to: pad every batch's source and target lengths up to a multiple of this int; or
             "auto" (the default with ``compile``, else no padding): to a shape the run already
             met when that adds at most a quarter to each length, or when its extra columns
@@ -496,7 +498,7 @@ class _Run:
                 self.losses_since_eval.append(record["loss"])
                 stop = False
                 if s["eval_every"] and (self.step % s["eval_every"] == 0 or self.step == steps):
-                    stop = self.evaluate(record, schedule, eval_batch_size)
+                    stop = self.evaluate(record, schedule, eval_batch_size, compiled)
                     self.save(schedule, seconds())
                 history.append(record)
                 if callback is not None:
@@ -514,14 +516,17 @@ class _Run:
             self.model.load_state_dict(self.kept_weights())
         return history
 
-    def evaluate(self, record: dict, schedule, batch_size: int) -> bool:
-        """Score the validation pairs, keep the best weights, log; True: stop early."""
+    def evaluate(self, record: dict, schedule, batch_size: int, compiled: bool = False) -> bool:
+        """Score the validation pairs, keep the best weights, log; True: stop early.  A
+        compiled run decodes them with compiled steps (bit for bit eager's outputs): its plans
+        are kept with the model and replayed at every evaluation."""
         task, model = self.task, self.model
         self.check_weights()
         valid_loss = validation_loss(model, task.valid, task.src_vocab, task.tgt_vocab, batch_size)
         if not math.isfinite(valid_loss):
             raise self.diverged(f"the validation loss is {valid_loss} at step {self.step}")
-        scores = evaluate(model, task.valid, task.src_vocab, task.tgt_vocab, batch_size=batch_size)
+        scores = evaluate(model, task.valid, task.src_vocab, task.tgt_vocab, batch_size=batch_size,
+                          compile=compiled and decoding_compiles(model))
         exact = scores["exact_match"]
         model.train()
         best = self.best
