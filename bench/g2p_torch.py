@@ -325,12 +325,10 @@ def step_time(engine, model, run: Namespace, task, seed: int, args, count: int =
     is, its batches padded as ``ta.models.train`` pads them) and the twin's, on the run's
     first ``count`` batches, alternating engine and torch in each of ``args.repeats``
     repeats; prints both medians and the median of the repeats' ratios."""
-    from tinygrad_attn.models.training import _Padding
-
     stream = ta.data.sample_batches(task.train, task.src_vocab, task.tgt_vocab, run.batch_size, seed=seed,
                                     bucket=run.bucket)
     batches = [next(stream) for _ in range(count)]
-    padding = _Padding("auto", (engine.max_src_len, engine.max_tgt_len))
+    padding = ta.models.BatchPadding("auto", (engine.max_src_len, engine.max_tgt_len))
     padded = [padding(b.src, b.tgt_in, b.tgt_out) for b in batches]
     params = engine.parameters()
     mine = ta.optim.Adam(params, lr=run.lr)

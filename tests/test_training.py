@@ -508,7 +508,8 @@ def test_auto_padding_reuses_longer_shapes_until_their_padding_costs_a_capture()
     to it, charging its extra columns (over its own) to its own rung shape until they add up
     to a capture's cost; a batch longer than every shape makes a new shape of rungs at most an
     eighth apart."""
-    from tinygrad_attn.models.training import CAPTURE_STEPS, _Padding
+    from tinygrad_attn.models import BatchPadding
+    from tinygrad_attn.models.training import CAPTURE_STEPS
 
     def shapes(padding, lengths):
         out = []
@@ -521,16 +522,35 @@ def test_auto_padding_reuses_longer_shapes_until_their_padding_costs_a_capture()
         return out
 
     dates = [(27, 11), (25, 11), (22, 11), (28, 11), (24, 11), (23, 11), (21, 11), (29, 11), (3, 2)]
-    assert shapes(_Padding("auto", (None, None)), dates) == [(28, 11)] * 7 + [(30, 11), (28, 11)]
+    assert shapes(BatchPadding("auto", (None, None)), dates) == [(28, 11)] * 7 + [(30, 11), (28, 11)]
     # (8, 2) padded to (28, 11) is 29 extra columns over 10: 2.9 steps charged each time.
     assert CAPTURE_STEPS == 8.0
-    assert shapes(_Padding("auto", (None, None)), [(27, 11)] + [(8, 2)] * 4) == [(28, 11)] * 3 + [(8, 2)] * 2
+    short = [(27, 11)] + [(8, 2)] * 4
+    assert shapes(BatchPadding("auto", (None, None)), short) == [(28, 11)] * 3 + [(8, 2)] * 2
     # The least padding among the shapes within the bound, not the shortest longer shape overall.
     met = [(40, 12), (48, 5), (39, 4)]
-    assert shapes(_Padding("auto", (None, None)), met) == [(40, 12), (48, 5), (48, 5)]
+    assert shapes(BatchPadding("auto", (None, None)), met) == [(40, 12), (48, 5), (48, 5)]
     # Never past a position table's length; ints pad to their multiples.
-    assert shapes(_Padding("auto", (27, 12)), [(25, 11), (27, 11)]) == [(26, 11), (27, 11)]
-    assert shapes(_Padding(8, (None, 12)), [(27, 11), (8, 1)]) == [(32, 12), (8, 8)]
+    assert shapes(BatchPadding("auto", (27, 12)), [(25, 11), (27, 11)]) == [(26, 11), (27, 11)]
+    assert shapes(BatchPadding(8, (None, 12)), [(27, 11), (8, 1)]) == [(32, 12), (8, 8)]
+
+
+def test_batch_padding_names_its_bad_arguments():
+    from tinygrad_attn.models import BatchPadding
+
+    with pytest.raises(ValueError, match=r"BatchPadding: pad_to must be >= 1, got 0"):
+        BatchPadding(0)
+    with pytest.raises(TypeError, match=r"BatchPadding: pad_to must be an int, got 'eight'"):
+        BatchPadding("eight")
+    with pytest.raises(ValueError, match=r"BatchPadding: limits must be \(max_src_len, max_tgt_len\)"):
+        BatchPadding("auto", 12)
+    with pytest.raises(ValueError, match=r"limits' max_tgt_len must be >= 1, got 0"):
+        BatchPadding("auto", (None, 0))
+    ids = np.full((2, 5), 4)
+    with pytest.raises(ValueError, match=r"tgt_out, got shapes \[\(2, 5\), \(2, 5\), \(2, 4\)\]"):
+        BatchPadding(8)(ids, ids, ids[:, :4])
+    with pytest.raises(ValueError, match=r"one batch size"):
+        BatchPadding(8)(ids[:1], ids, ids)
 
 
 def test_train_compiled_stops_at_a_non_finite_loss_before_updating():

@@ -10,9 +10,9 @@ from .checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from .decoding import Hypothesis
 from .evaluation import decode, evaluate, translate, translate_tokens, validation_loss
 from .seq2seq import Seq2Seq
-from .training import SCHEDULES, TrainingInterrupted, log_path, train
+from .training import SCHEDULES, BatchPadding, TrainingInterrupted, log_path, train
 from .transformer import Transformer
 
 __all__ = ["Seq2Seq", "Transformer", "Hypothesis", "decoding", "BahdanauStep", "train", "SCHEDULES",
-           "log_path", "TrainingInterrupted", "evaluate", "decode", "validation_loss", "translate",
-           "translate_tokens", "save_checkpoint", "load_checkpoint", "Checkpoint"]
+           "BatchPadding", "log_path", "TrainingInterrupted", "evaluate", "decode", "validation_loss",
+           "translate", "translate_tokens", "save_checkpoint", "load_checkpoint", "Checkpoint"]

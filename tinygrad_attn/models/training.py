@@ -131,7 +131,7 @@ def train(model: Model, task: data.Task, steps: int = 1000, batch_size: int = 64
             "auto" (the default with ``compile``, else no padding): to a shape the run already
             met when that adds at most a quarter to each length, or when its extra columns
             have not yet added up to a capture's cost; else to a new shape at most an eighth
-            longer (see ``_Padding``).  A compiled run so captures few plans and pads little
+            longer (see ``BatchPadding``).  A compiled run so captures few plans and pads little
             (the dates task: one shape, against three at multiples of 8 with 45% more decoder
             steps).  The padding is masked: results equal an unpadded run's to rounding (an
             eager run's with the same ``pad_to``, on batches with padding, bit for bit).
@@ -468,7 +468,7 @@ class _Run:
                 if p.requires_grad and p.grad is None:
                     p.grad = Tensor.zeros(*p.shape, dtype=p.dtype, device=p.device)
         limits = (self.model.max_src_len, self.model.max_tgt_len)
-        padding = _Padding(pad_to, limits)
+        padding = BatchPadding(pad_to, limits)
         self.model.train()
         history, start = [], time.perf_counter()
 
@@ -576,9 +576,14 @@ def _loss_not_finite(loss: np.ndarray):
     raise _LossNotFinite(float(loss))
 
 
-class _Padding:
-    """The padded (source, target) lengths of each batch: ``pad_to`` an int (multiples of
-    it) or "auto".
+class BatchPadding:
+    """Pads each batch's ids as ``train`` does: ``pad_to`` an int (multiples of it) or "auto";
+    ``limits`` the model's (max_src_len, max_tgt_len), None for no limit.  Called with
+    (src, tgt_in, tgt_out) id arrays, returns them padded with ``ta.data.PAD``.  A loop of
+    one's own that compiles its step pads with it to capture the plans ``train`` would:
+
+        padding = ta.models.BatchPadding("auto", (model.max_src_len, model.max_tgt_len))
+        src, tgt_in, tgt_out = padding(batch.src, batch.tgt_in, batch.tgt_out)
 
     "auto" weighs what a compiled run pays.  A new shape is a capture: an eager step and the
     recording, estimated at ~8-10 replayed steps on the demo model (``CAPTURE_STEPS``).  A
@@ -599,12 +604,24 @@ class _Padding:
     depends on the batches met before in this call only, so an eager run given "auto" pads
     exactly as a compiled one."""
 
-    def __init__(self, pad_to: int | str, limits: tuple):
+    def __init__(self, pad_to: int | str, limits: tuple = (None, None)):
+        if pad_to != "auto":
+            check_int(pad_to, "pad_to", "BatchPadding", low=1)
+        if not (isinstance(limits, tuple) and len(limits) == 2):
+            raise ValueError(f"BatchPadding: limits must be (max_src_len, max_tgt_len), got {limits!r}")
+        for limit, name in zip(limits, ("max_src_len", "max_tgt_len"), strict=True):
+            if limit is not None:
+                check_int(limit, f"limits' {name}", "BatchPadding", low=1)
         self.pad_to, self.limits = pad_to, limits
         self.shapes: list[tuple] = []
         self.charges: dict[tuple, float] = {}
 
     def __call__(self, src: np.ndarray, tgt_in: np.ndarray, tgt_out: np.ndarray) -> list[np.ndarray]:
+        shapes = [np.shape(ids) for ids in (src, tgt_in, tgt_out)]
+        if any(len(shape) != 2 for shape in shapes) or shapes[1] != shapes[2] \
+                or shapes[0][0] != shapes[1][0]:
+            raise ValueError(f"BatchPadding: src, tgt_in and tgt_out must be (batch, length) ids with one "
+                             f"batch size and tgt_in shaped as tgt_out, got shapes {shapes}")
         lengths = (src.shape[1], tgt_in.shape[1])
         if self.pad_to == "auto":
             wanted = self._auto(lengths)
