@@ -302,6 +302,33 @@ def test_deferred_rows_are_summed_once_they_outgrow_the_gradient():
     assert folds and all(shape == (V, H) for shape in folds)
 
 
+def test_a_weight_and_its_bias_stack_their_shared_rows_once():
+    """A Linear used at every step: dW = dY^T X and db = dY's column sums over all the steps'
+    rows.  One backward stacks dY once for both (a captured plan lists its kernel calls: one
+    cat for dY, one for X), and both gradients are exact."""
+    rng = np.random.default_rng(4)
+    T, B, I, O = 5, 3, 4, 2
+    w = Tensor(rng.standard_normal((O, I)), dtype=np.float64, requires_grad=True)
+    b = Tensor(rng.standard_normal(O), dtype=np.float64, requires_grad=True)
+    xs = rng.standard_normal((T, B, I))
+
+    def step(x):
+        total = F.linear(x[0], w, b).tanh().sum()
+        for t in range(1, T):
+            total = total + F.linear(x[t], w, b).tanh().sum()
+        total.backward()
+        return total
+
+    compiled = ta.compile(step)
+    compiled(Tensor(xs, dtype=np.float64))
+    (plan,) = compiled.plans
+    assert [e.kernel for e in plan.entries].count("cat") == 2, plan.source
+    dys = [1 - np.tanh(x @ w.numpy().T + b.numpy()) ** 2 for x in xs]
+    np.testing.assert_allclose(w.grad.numpy(), sum(dy.T @ x for dy, x in zip(dys, xs, strict=True)),
+                               rtol=1e-12)
+    np.testing.assert_allclose(b.grad.numpy(), sum(dy.sum(0) for dy in dys), rtol=1e-12)
+
+
 def test_op_attributes_may_not_hide_the_ops_own_fields():
     with pytest.raises(TypeError, match=r"Mul: attribute names \['name'\] are taken"):
         ta.ops.Mul.apply(Tensor([1.0]), Tensor([2.0]), name="label")

@@ -421,17 +421,24 @@ class DeferredGrad:
     itself (or 1M entries, whichever is more) they are summed into a partial result: a
     per-step output layer over a large vocabulary holds at most about one gradient's worth
     of rows, not every step's.
+
+    ``stacks``: a dict shared by the gradients one backward call makes (a layer's weight's
+    dG^T x and its bias's column sums of dG), so that rows both hold are stacked once: the
+    second to be read takes the first's stacked array (a GRU's step stacks each dG once
+    instead of twice, at (steps x batch, 3H) a copy of megabytes per layer and direction).
     """
 
-    __slots__ = ("backend", "fn", "shape", "args", "extras", "held", "limit", "partial")
+    __slots__ = ("backend", "fn", "shape", "args", "extras", "held", "limit", "partial", "stacks")
 
-    def __init__(self, backend, fn, shape: tuple, args: tuple, extras: tuple = ()):
+    def __init__(self, backend, fn, shape: tuple, args: tuple, extras: tuple = (),
+                 stacks: dict | None = None):
         # Lean: ops make one per weight and step.  What only a gradient that absorbs others
         # needs (the count of entries held, the limit) is set on its first absorb.
         self.backend, self.fn, self.shape, self.extras = backend, fn, shape, extras
         self.args = [[a] for a in args]
         self.held = -1
         self.partial = None
+        self.stacks = stacks
 
     def absorb(self, other: DeferredGrad) -> bool:
         """Take ``other``'s rows, if it is a gradient of the same kind; False if not."""
@@ -456,12 +463,28 @@ class DeferredGrad:
         """The gradient, a new array."""
         if self.held == 0 and self.partial is not None:
             return self.partial
-        result = self._stacked()
+        result = self._stacked(share=True)
         return result if self.partial is None else self.backend.add_(self.partial, result)
 
-    def _stacked(self):
-        cat = self.backend.cat
-        return self.fn(*[a[0] if len(a) == 1 else cat(a, 0) for a in self.args], *self.extras)
+    def _stacked(self, share: bool = False):
+        """fn over the rows held; ``share``: through ``stacks`` (the final value only: a
+        partial sum's rows are another gradient's only by chance, and kept for it they would
+        undo the limit on rows held)."""
+        return self.fn(*[self._rows(rows, share) for rows in self.args], *self.extras)
+
+    def _rows(self, rows: list, share: bool):
+        if len(rows) == 1:
+            return rows[0]
+        if not share or self.stacks is None:
+            return self.backend.cat(rows, 0)
+        key = tuple(map(id, rows))
+        found = self.stacks.pop(key, None)        # a second reader takes it; none keeps it
+        if found is not None:
+            return found[1]
+        stacked = self.backend.cat(rows, 0)
+        # The entry keeps the rows alive, so no other array can take their ids meanwhile.
+        self.stacks[key] = (tuple(rows), stacked)
+        return stacked
 
     def _add_partial(self, array) -> None:
         # The first partial is fn's own new array, so later ones add into it in place.

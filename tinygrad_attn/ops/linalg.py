@@ -121,10 +121,12 @@ class Linear(Op):
         dy2 = k.reshape(dy, (-1, weight.shape[0]))                     # (N, out)
         dx = k.reshape(k.matmul(dy2, weight), x_shape) if self.needs_grad[0] else None
         # The weight's and bias's: one GEMM (one sum) over every call's rows, when read.
-        dw = DeferredGrad(k, k.matmul_tn, weight.shape, (dy2, x2)) if self.needs_grad[1] else None
+        stacks: dict = {}                     # dy's rows stacked once for both
+        need = self.needs_grad
+        dw = DeferredGrad(k, k.matmul_tn, weight.shape, (dy2, x2), (), stacks) if need[1] else None
         grads = (dx, dw)
-        if len(self.needs_grad) == 3:
-            db = DeferredGrad(k, k.sum, dy2.shape[1:], (dy2,), (0, False)) if self.needs_grad[2] else None
+        if len(need) == 3:
+            db = DeferredGrad(k, k.sum, dy2.shape[1:], (dy2,), (0, False), stacks) if need[2] else None
             grads += (db,)
         return grads
 

@@ -155,7 +155,7 @@ class GRUCell(Op):
     state.  The result is the same cell; only the input product's rounding differs.
     """
 
-    kernels = ("add", "cat", "gru_gates", "gru_gates_back", "matmul", "matmul_nt", "matmul_tn",
+    kernels = ("add_", "cat", "gru_gates", "gru_gates_back", "matmul", "matmul_nt", "matmul_tn",
                "reshape", "split", "sum")
 
     @staticmethod
@@ -208,7 +208,8 @@ class GRUCell(Op):
         gi = kb.matmul_nt(x2, w_ih)                                     # (B, 3H)
         gh = kb.matmul_nt(h_prev2, w_hh)                                # (B, 3H)
         if biases:
-            gi, gh = kb.add(gi, biases[0]), kb.add(gh, biases[1])
+            # Into the products' own new arrays: no second (B, 3H) array per step.
+            gi, gh = kb.add_(gi, biases[0]), kb.add_(gh, biases[1])
         if keep is None:                 # no keep argument at all: the kernels' common signature
             h, gates = kb.gru_gates(gi, gh, h_prev2)                    # (B, H), (B, 3H)
         else:
@@ -242,7 +243,7 @@ class GRUCell(Op):
         h_prev2 = _rows(kb, h_prev)                                     # (B, H)
         gh = kb.matmul_nt(h_prev2, w_hh)                                # (B, 3H)
         if bias:
-            gh = kb.add(gh, bias[0])
+            gh = kb.add_(gh, bias[0])                                   # into the product
         if keep is None:
             h, gates = kb.gru_gates(_rows(kb, gi), gh, h_prev2)         # (B, H), (B, 3H)
         else:
@@ -272,17 +273,19 @@ class GRUCell(Op):
                     if need[k]:
                         grads[k] = _unrows(kb, pieces[k], x_shapes[k])
         if need[parts]:
-            grads[parts] = _unrows(kb, kb.add(dh_prev, kb.matmul(dgh, w_hh)), state_shape)
-        # Weights and biases: one GEMM (one sum) over every step's rows, when read.
+            grads[parts] = _unrows(kb, kb.add_(kb.matmul(dgh, w_hh), dh_prev), state_shape)
+        # Weights and biases: one GEMM (one sum) over every step's rows, when read; each
+        # step's dG stacked once for the weight and the bias (``stacks``).
+        stacks: dict = {}
         if need[parts + 1]:
-            grads[parts + 1] = DeferredGrad(kb, kb.matmul_tn, w_ih.shape, (dgi, x2))     # (3H, I)
+            grads[parts + 1] = DeferredGrad(kb, kb.matmul_tn, w_ih.shape, (dgi, x2), (), stacks)   # (3H, I)
         if need[parts + 2]:
-            grads[parts + 2] = DeferredGrad(kb, kb.matmul_tn, w_hh.shape, (dgh, h_prev2))  # (3H, H)
+            grads[parts + 2] = DeferredGrad(kb, kb.matmul_tn, w_hh.shape, (dgh, h_prev2), (), stacks)
         if len(need) - (keep is not None) == parts + 5:          # biases (keep, if any, is last)
             if need[parts + 3]:
-                grads[parts + 3] = DeferredGrad(kb, kb.sum, dgi.shape[1:], (dgi,), (0, False))
+                grads[parts + 3] = DeferredGrad(kb, kb.sum, dgi.shape[1:], (dgi,), (0, False), stacks)
             if need[parts + 4]:
-                grads[parts + 4] = DeferredGrad(kb, kb.sum, dgh.shape[1:], (dgh,), (0, False))
+                grads[parts + 4] = DeferredGrad(kb, kb.sum, dgh.shape[1:], (dgh,), (0, False), stacks)
         return tuple(grads)
 
     def _backward_projected(self, dh):
@@ -295,11 +298,12 @@ class GRUCell(Op):
         if need[0]:
             grads[0] = _unrows(kb, dgi, gi_shape)
         if need[1]:
-            grads[1] = _unrows(kb, kb.add(dh_prev, kb.matmul(dgh, w_hh)), state_shape)
+            grads[1] = _unrows(kb, kb.add_(kb.matmul(dgh, w_hh), dh_prev), state_shape)
+        stacks: dict = {}                     # each step's dG stacked once for both
         if need[2]:
-            grads[2] = DeferredGrad(kb, kb.matmul_tn, w_hh.shape, (dgh, h_prev2))      # (3H, H)
+            grads[2] = DeferredGrad(kb, kb.matmul_tn, w_hh.shape, (dgh, h_prev2), (), stacks)   # (3H, H)
         if len(need) - (keep is not None) == 4 and need[3]:
-            grads[3] = DeferredGrad(kb, kb.sum, dgh.shape[1:], (dgh,), (0, False))
+            grads[3] = DeferredGrad(kb, kb.sum, dgh.shape[1:], (dgh,), (0, False), stacks)
         return tuple(grads)
 
     @classmethod
