@@ -300,6 +300,12 @@ def main(argv=None) -> None:
             print(f"  step {step:>6}  {minutes:5.1f} min  loss {loss.item():.3f}  valid WER {1 - exact:.2%}",
                   flush=True)
         if time.perf_counter() - start >= args.minutes * 60:
+            if averaging and (not snapshots or snapshots[-1][0] != step):
+                # as ta.models.train closes a time limit's average: the last step's weights in
+                # place of the oldest evaluation's
+                state = {k: v.clone() for k, v in model.state_dict().items()}
+                snapshots = [*(snapshots[len(snapshots) - (averaging - 1):] if averaging > 1 else []),
+                             (step, state)]
             break
     trained = time.perf_counter() - start
     if snapshots:

@@ -259,9 +259,11 @@ def run(kind: str, seed: int, task, args, out: Path) -> dict:
               "parameters": model.num_parameters(), "steps": history[-1]["step"],
               "train_seconds": round(trained, 1), "checkpoint": checkpoint.name,
               "best_step": evaluated[-1]["best_step"] if evaluated else None,
-              "averaged_steps": evaluated[-1].get("averaged_steps") if evaluated else None}
+              # the last record's: a time limit's stop may have closed the average with its own step
+              "averaged_steps": next((r["averaged_steps"] for r in reversed(history)
+                                      if "averaged_steps" in r), None)}
     if result["averaged_steps"]:
-        print(f"  the weights: the mean of the evaluations at steps {result['averaged_steps']}")
+        print(f"  the weights: the mean of the weights at steps {result['averaged_steps']}")
     for label, beam in (("greedy", None), (f"beam{args.beam}", args.beam)):
         start = time.perf_counter()
         metrics = ta.models.evaluate(model, task.test, task.src_vocab, task.tgt_vocab, beam=beam,

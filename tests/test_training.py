@@ -687,6 +687,67 @@ def test_train_average_last_ends_with_the_mean_of_the_last_evaluations_weights(t
     assert "best_step" in log[-1]
 
 
+class _Clock:
+    """training's ``time`` module with a clock the test moves (perf_counter only)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
+def test_a_time_limit_between_evaluations_closes_the_average_with_the_last_step(monkeypatch, tmp_path):
+    """float64: stopped by the time limit at step 7 (evaluations at 2, 4, 6), the run ends
+    with the mean of the weights at steps 4, 6 and 7, exactly; the checkpoint's model is that
+    mean and names those steps, its training state keeps step 7's weights and the
+    evaluations' snapshots, and the resumed run ends bit for bit as an unstopped one."""
+    clock = _Clock()
+    monkeypatch.setattr(training, "time", clock)
+    task = small_task()
+    run = dict(steps=12, batch_size=8, lr=1e-2, eval_every=2, average_last=3)
+    straight = small_model(task).double()
+    ta.models.train(straight, task, **run, checkpoint=tmp_path / "a.ckpt")
+    model = small_model(task).double()
+    seen = {}
+
+    def snapshot_and_run_out_of_time_at_step_7(record):
+        if "valid_exact_match" in record or record["step"] == 7:
+            seen[record["step"]] = weights(model)
+        if record["step"] == 7:
+            clock.now = 100.0
+
+    history = ta.models.train(model, task, **run, checkpoint=tmp_path / "b.ckpt", time_limit=50.0,
+                              callback=snapshot_and_run_out_of_time_at_step_7)
+    assert sorted(seen) == [2, 4, 6, 7] and history[-1]["step"] == 7
+    assert history[-1]["averaged_steps"] == [4, 6, 7]
+    mean = {name: (seen[4][name] + seen[6][name] + seen[7][name]) / 3 for name in seen[4]}
+    assert_same_weights(weights(model), mean)
+    assert_same_weights(ta.load(tmp_path / "b.ckpt")["model"], mean)
+    resumed, info = ta.models.load_checkpoint(tmp_path / "b.ckpt")
+    assert info.extras["averaged_steps"] == [4, 6, 7]
+    assert_same_weights(info.training["model"], seen[7])
+    assert [entry["step"] for entry in info.training["snapshots"]] == [2, 4, 6]
+    resumed.double()
+    history = ta.models.train(resumed, task, steps=12, checkpoint=tmp_path / "b.ckpt", resume=True)
+    assert history[-1]["averaged_steps"] == [8, 10, 12]
+    assert_same_weights(weights(resumed), weights(straight))
+
+
+def test_a_time_limit_at_an_evaluation_keeps_the_evaluations_average(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(training, "time", clock)
+    task = small_task()
+
+    def run_out_of_time_at_step_4(record):
+        if record["step"] == 4:
+            clock.now = 100.0
+
+    history = ta.models.train(small_model(task), task, steps=12, batch_size=8, eval_every=2, average_last=3,
+                              time_limit=50.0, callback=run_out_of_time_at_step_4)
+    assert history[-1]["step"] == 4 and history[-1]["averaged_steps"] == [2, 4]
+
+
 def test_train_resumed_with_averaging_and_smoothing_ends_bitwise_equal_to_uninterrupted(tmp_path):
     """label_smoothing and average_last are the run's settings: resumed without them, the run
     continues with them (and its snapshots) and ends with an uninterrupted run's weights."""

@@ -109,7 +109,8 @@ def add_parser(commands) -> None:
                           "vocabulary (default 0; validation loss stays unsmoothed)")
     run.add_argument("--average-last", type=positive_int, default=None, metavar="N",
                      help="end with the mean of the weights at the last N evaluations (checkpoint "
-                          "averaging) instead of the best ones, in the model and the checkpoint")
+                          "averaging) instead of the best ones, in the model and the checkpoint; a "
+                          "--time-limit stop between evaluations averages the last N-1 and the last step")
     run.add_argument("--patience", type=positive_int, default=None, metavar="EVALS",
                      help="stop after EVALS evaluations without a better validation exact match")
     run.add_argument("--time-limit", type=positive_float, default=None, metavar="SECONDS",

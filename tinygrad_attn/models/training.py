@@ -92,7 +92,8 @@ def train(model: Model, task: data.Task, steps: int = 1000, batch_size: int = 64
             (``ta.random.using``): a run is reproducible, also while other threads train.
         time_limit: stop after this many seconds of this call even if ``steps`` are not done
             (like Ctrl-C, a stop that ``resume`` continues exactly; the steps since the last
-            evaluation are saved but not scored).
+            evaluation are saved but not scored; with ``average_last`` the last step's
+            weights close the average).
         callback: called after every step with the step's record (below), e.g. to drive a
             progress bar.
         optimizer: continue with this optimizer, at its own learning rate (default: a new
@@ -151,8 +152,12 @@ def train(model: Model, task: data.Task, steps: int = 1000, batch_size: int = 64
             model after every evaluation (the average so far; the best step is still found,
             logged, and drives ``patience`` and "plateau").  Needs validation (eval_every >
             0).  The snapshots are part of the training state, so a resumed run averages as
-            an uninterrupted one does.  Steps after the last evaluation (a time limit, a
-            signal) are in no snapshot, as they are in no best weights.
+            an uninterrupted one does.  A run that ``time_limit`` stops between evaluations
+            closes its average with its last step: the mean of the last N - 1 evaluations'
+            weights and the last step's (a budget's last steps, at its lowest rate, are not
+            thrown away); that step is no snapshot, so the run resumed from its checkpoint
+            continues as an unstopped one.  A signal's stop saves the evaluations' average
+            (the run is meant to resume).
 
     Returns:
         One record per step run in this call: {"step", "loss", "tokens" (target tokens in
@@ -160,7 +165,8 @@ def train(model: Model, task: data.Task, steps: int = 1000, batch_size: int = 64
         that evaluated adds "valid_loss", "valid_exact_match", "best_step" and
         "best_exact_match", and with ``average_last`` "averaged_steps": the evaluations'
         steps whose weights the average holds then (the log's lines, and the checkpoint's
-        extras, name them too).
+        extras, name them too); the last record of a run whose average a time limit closed
+        has "averaged_steps" too, the last of them its own step.
 
     Every argument is checked before the first step (TypeError or ValueError naming it), and
     so is every training and validation pair against a Transformer's position table
@@ -311,6 +317,7 @@ class _Run:
         # average_last: (step, weights) at the last evaluations, and their mean.
         self.snapshots: list[tuple[int, dict]] = []
         self.averaged_weights: dict | None = None
+        self.closing_step: int | None = None          # the step a time limit's stop added to the average
         self.losses_since_eval: list[float] = []
         self.schedule_state: dict | None = None      # a resumed run's, until the schedule exists
         self.saved_step: int | None = None            # the step the checkpoint file holds
@@ -350,7 +357,26 @@ class _Run:
     def averaged_extras(self) -> dict:
         if not self.settings["average_last"]:
             return {}
-        return {"averaged_steps": [step for step, _ in self.snapshots]}
+        closing = [] if self.closing_step is None else [self.closing_step]
+        return {"averaged_steps": [step for step, _ in self.averaged_snapshots()] + closing}
+
+    def averaged_snapshots(self) -> list[tuple[int, dict]]:
+        """The evaluations in the average: all N kept, or the last N - 1 beside a closing step."""
+        if self.closing_step is None:
+            return self.snapshots
+        keep = self.settings["average_last"] - 1
+        return self.snapshots[len(self.snapshots) - keep:] if keep else []
+
+    def close_average(self) -> None:
+        """A run stopped by its time limit between evaluations: its last step's weights join
+        the average in place of the oldest evaluation's.  The snapshots (what a resumed run
+        averages) stay the evaluations'."""
+        if not self.settings["average_last"] or (self.snapshots and self.snapshots[-1][0] == self.step):
+            return
+        self.check_weights()
+        self.closing_step = self.step
+        kept = [w for _, w in self.averaged_snapshots()]
+        self.averaged_weights = _average([*kept, self.model.state_dict()])
 
     def save(self, schedule, seconds: float) -> None:
         if self.checkpoint is not None:
@@ -509,7 +535,12 @@ class _Run:
                     what = "interrupted" if received[0] == signal.SIGINT else \
                         f"terminated ({signal.Signals(received[0]).name})"
                     raise TrainingInterrupted(f"train: {what} at step {self.step}{where}", received[0])
-                if stop or (time_limit is not None and time.perf_counter() - start >= time_limit):
+                if stop:
+                    break
+                if time_limit is not None and time.perf_counter() - start >= time_limit:
+                    self.close_average()
+                    if self.closing_step is not None:
+                        record.update(self.averaged_extras())
                     break
             self.save(schedule, seconds())
         if restore_best and self.kept_weights() is not None:
