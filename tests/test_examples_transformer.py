@@ -105,7 +105,7 @@ def test_g2p_cmudict_quick_trains_the_transformer_over_seeds_with_smoothing_and_
         ta.set_num_threads(before)
     out = capsys.readouterr().out
     assert "test, greedy: WER" in out and "test, beam3: WER" in out
-    assert "the weights: the mean of the evaluations at steps [20, 40]" in out
+    assert "the weights: the mean of the weights at steps [20, 40]" in out
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["settings"]["arch"] == "transformer" and saved["settings"]["d_model"] == 16
     assert "hidden" not in saved["settings"] and "attention" not in saved["settings"]
