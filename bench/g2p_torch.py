@@ -197,6 +197,16 @@ def average(states: list[dict]) -> dict:
             for name, first in states[0].items()}
 
 
+def closed(snapshots: list[tuple], averaging: int, step: int, model) -> list[tuple]:
+    """The (step, state) pairs a run stopped by its budget at ``step`` averages, as
+    ta.models.train closes a time limit's average: between evaluations, the last
+    ``averaging`` - 1 evaluations' and the last step's weights; at one, the evaluations'."""
+    if snapshots and snapshots[-1][0] == step:
+        return snapshots
+    kept = snapshots[-(averaging - 1):] if averaging > 1 else []
+    return [*kept, (step, {k: v.clone() for k, v in model.state_dict().items()})]
+
+
 def plot(engine_log: Path, torch_log: list[dict], path: Path, model: str) -> None:
     """Validation WER against training minutes, the engine's run and torch's (drawn by the
     example's ``draw``)."""
@@ -300,12 +310,8 @@ def main(argv=None) -> None:
             print(f"  step {step:>6}  {minutes:5.1f} min  loss {loss.item():.3f}  valid WER {1 - exact:.2%}",
                   flush=True)
         if time.perf_counter() - start >= args.minutes * 60:
-            if averaging and (not snapshots or snapshots[-1][0] != step):
-                # as ta.models.train closes a time limit's average: the last step's weights in
-                # place of the oldest evaluation's
-                state = {k: v.clone() for k, v in model.state_dict().items()}
-                snapshots = [*(snapshots[len(snapshots) - (averaging - 1):] if averaging > 1 else []),
-                             (step, state)]
+            if averaging:
+                snapshots = closed(snapshots, averaging, step, model)
             break
     trained = time.perf_counter() - start
     if snapshots:

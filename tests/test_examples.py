@@ -185,6 +185,25 @@ def test_the_torch_runs_checkpoint_average_is_the_engines():
         np.testing.assert_array_equal(mean[name].numpy(), expected)
 
 
+@optional.needs_torch
+def test_the_torch_run_closes_a_stopped_average_as_the_engine_does():
+    """Stopped by its budget at step 7 after evaluations at 2, 4 and 6, averaging 3: steps 4, 6
+    and 7 (ta.models.train's rule, tests/test_training.py); at an evaluation, the evaluations."""
+    import torch
+
+    bench = runpy.run_path(str(BENCH / "g2p_torch.py"))
+    closed = bench["closed"]
+    model = torch.nn.Linear(2, 2)
+    snapshots = [(step, {"w": torch.full((2,), float(step))}) for step in (2, 4, 6)]
+    assert [step for step, _ in closed(snapshots, 3, 7, model)] == [4, 6, 7]
+    last = closed(snapshots, 3, 7, model)[-1][1]
+    assert torch.equal(last["weight"], model.weight.detach()) and last["weight"] is not model.weight
+    assert [step for step, _ in closed(snapshots, 1, 7, model)] == [7]
+    assert [step for step, _ in closed(snapshots, 5, 7, model)] == [2, 4, 6, 7]
+    assert [step for step, _ in closed([], 3, 1, model)] == [1]
+    assert closed(snapshots, 3, 6, model) is snapshots
+
+
 def test_g2p_cmudict_draws_no_curves_when_no_run_reached_a_validation(tmp_path, capsys):
     """A budget that ends before the first validation leaves no log: the run still ends with
     its table, saying there is nothing to draw (it ended in a FileNotFoundError)."""

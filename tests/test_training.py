@@ -734,6 +734,27 @@ def test_a_time_limit_between_evaluations_closes_the_average_with_the_last_step(
     assert_same_weights(weights(resumed), weights(straight))
 
 
+def test_a_time_limit_closes_an_average_of_fewer_evaluations_than_n_with_all_of_them(monkeypatch):
+    """average_last=5 stopped at step 7 after three evaluations: all three and step 7."""
+    clock = _Clock()
+    monkeypatch.setattr(training, "time", clock)
+    task = small_task()
+    model = small_model(task).double()
+    seen = {}
+
+    def snapshot_and_run_out_of_time_at_step_7(record):
+        if "valid_exact_match" in record or record["step"] == 7:
+            seen[record["step"]] = weights(model)
+        if record["step"] == 7:
+            clock.now = 100.0
+
+    history = ta.models.train(model, task, steps=12, batch_size=8, eval_every=2, average_last=5,
+                              time_limit=50.0, callback=snapshot_and_run_out_of_time_at_step_7)
+    assert history[-1]["averaged_steps"] == [2, 4, 6, 7]
+    mean = {name: (seen[2][name] + seen[4][name] + seen[6][name] + seen[7][name]) / 4 for name in seen[2]}
+    assert_same_weights(weights(model), mean)
+
+
 def test_a_time_limit_at_an_evaluation_keeps_the_evaluations_average(monkeypatch):
     clock = _Clock()
     monkeypatch.setattr(training, "time", clock)

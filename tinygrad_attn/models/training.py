@@ -365,7 +365,7 @@ class _Run:
         if self.closing_step is None:
             return self.snapshots
         keep = self.settings["average_last"] - 1
-        return self.snapshots[len(self.snapshots) - keep:] if keep else []
+        return self.snapshots[-keep:] if keep else []
 
     def close_average(self) -> None:
         """A run stopped by its time limit between evaluations: its last step's weights join
