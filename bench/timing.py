@@ -13,14 +13,38 @@ THREAD_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUM
 
 
 def cpu_model() -> str:
+    """The CPU, and the kernels numpy's BLAS runs on it (the matrix products' speed)."""
+    name = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                    name = line.split(":", 1)[1].strip()
+                    break
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return f"{name}; {blas_kernels()}"
+
+
+def blas_kernels() -> str:
+    """numpy's BLAS and the kernels it chose, e.g. 'OpenBLAS 0.3.31, Haswell kernels
+    (OPENBLAS_CORETYPE=Haswell)': OpenBLAS picks its kernels for the CPU when it loads, unless
+    that variable names them, and on an AVX-512 CPU its AVX2 (Haswell) kernels run products
+    at about half the speed of its SkylakeX ones (bench/RESULTS.md, 2026-11-28 night)."""
+    from threadpoolctl import threadpool_info
+
+    pools = [pool for pool in threadpool_info() if pool.get("user_api") == "blas"]
+    if not pools:
+        return "numpy's BLAS unknown"
+    # numpy's own (a wheel's sits under numpy.libs) before any other, e.g. torch's
+    pool = min(pools, key=lambda pool: "numpy" not in pool.get("filepath", ""))
+    api = pool["internal_api"]
+    kind = {"openblas": "OpenBLAS", "mkl": "MKL", "blis": "BLIS"}.get(api, api)
+    text = f"{kind} {pool.get('version') or ''}".rstrip()
+    if pool.get("architecture"):
+        text += f", {pool['architecture']} kernels"
+    chosen = os.environ.get("OPENBLAS_CORETYPE") if kind == "OpenBLAS" else None
+    return text + (f" (OPENBLAS_CORETYPE={chosen})" if chosen else "")
 
 
 def cpu_seconds() -> tuple[float, float, float] | None:
