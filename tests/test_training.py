@@ -697,6 +697,17 @@ class _Clock:
         return self.now
 
 
+def _snapshots_until_out_of_time(clock, model, seen: dict, step: int):
+    """A training callback: the model's weights into ``seen`` at each evaluation and at
+    ``step``, where it moves ``clock`` past any time limit."""
+    def callback(record):
+        if "valid_exact_match" in record or record["step"] == step:
+            seen[record["step"]] = weights(model)
+        if record["step"] == step:
+            clock.now = 100.0
+    return callback
+
+
 def test_a_time_limit_between_evaluations_closes_the_average_with_the_last_step(monkeypatch, tmp_path):
     """float64: stopped by the time limit at step 7 (evaluations at 2, 4, 6), the run ends
     with the mean of the weights at steps 4, 6 and 7, exactly; the checkpoint's model is that
@@ -710,12 +721,7 @@ def test_a_time_limit_between_evaluations_closes_the_average_with_the_last_step(
     ta.models.train(straight, task, **run, checkpoint=tmp_path / "a.ckpt")
     model = small_model(task).double()
     seen = {}
-
-    def snapshot_and_run_out_of_time_at_step_7(record):
-        if "valid_exact_match" in record or record["step"] == 7:
-            seen[record["step"]] = weights(model)
-        if record["step"] == 7:
-            clock.now = 100.0
+    snapshot_and_run_out_of_time_at_step_7 = _snapshots_until_out_of_time(clock, model, seen, 7)
 
     history = ta.models.train(model, task, **run, checkpoint=tmp_path / "b.ckpt", time_limit=50.0,
                               callback=snapshot_and_run_out_of_time_at_step_7)
@@ -741,12 +747,7 @@ def test_a_time_limit_closes_an_average_of_fewer_evaluations_than_n_with_all_of_
     task = small_task()
     model = small_model(task).double()
     seen = {}
-
-    def snapshot_and_run_out_of_time_at_step_7(record):
-        if "valid_exact_match" in record or record["step"] == 7:
-            seen[record["step"]] = weights(model)
-        if record["step"] == 7:
-            clock.now = 100.0
+    snapshot_and_run_out_of_time_at_step_7 = _snapshots_until_out_of_time(clock, model, seen, 7)
 
     history = ta.models.train(model, task, steps=12, batch_size=8, eval_every=2, average_last=5,
                               time_limit=50.0, callback=snapshot_and_run_out_of_time_at_step_7)
