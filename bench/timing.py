@@ -23,28 +23,10 @@ def cpu_model() -> str:
                     break
     except OSError:
         pass
+    # Imported here, not at the top: numpy must load after the benches' thread pinning.
+    from tinygrad_attn.compiler.threads import blas_kernels
+
     return f"{name}; {blas_kernels()}"
-
-
-def blas_kernels() -> str:
-    """numpy's BLAS and the kernels it chose, e.g. 'OpenBLAS 0.3.31, Haswell kernels
-    (OPENBLAS_CORETYPE=Haswell)': OpenBLAS picks its kernels for the CPU when it loads, unless
-    that variable names them, and on an AVX-512 CPU its AVX2 (Haswell) kernels run products
-    at about half the speed of its SkylakeX ones (bench/RESULTS.md, 2026-11-28 night)."""
-    from threadpoolctl import threadpool_info
-
-    pools = [pool for pool in threadpool_info() if pool.get("user_api") == "blas"]
-    if not pools:
-        return "numpy's BLAS unknown"
-    # numpy's own (a wheel's sits under numpy.libs) before any other, e.g. torch's
-    pool = min(pools, key=lambda pool: "numpy" not in pool.get("filepath", ""))
-    api = pool["internal_api"]
-    kind = {"openblas": "OpenBLAS", "mkl": "MKL", "blis": "BLIS"}.get(api, api)
-    text = f"{kind} {pool.get('version') or ''}".rstrip()
-    if pool.get("architecture"):
-        text += f", {pool['architecture']} kernels"
-    chosen = os.environ.get("OPENBLAS_CORETYPE") if kind == "OpenBLAS" else None
-    return text + (f" (OPENBLAS_CORETYPE={chosen})" if chosen else "")
 
 
 def cpu_seconds() -> tuple[float, float, float] | None:

@@ -46,6 +46,30 @@ def get_num_threads() -> int:
     return max(counts) if counts else 1
 
 
+def blas_kernels() -> str:
+    """numpy's BLAS and the kernels it chose, e.g. 'OpenBLAS 0.3.31, Haswell kernels
+    (OPENBLAS_CORETYPE=Haswell)': OpenBLAS picks its kernels for the CPU when it loads, unless
+    that variable names them, and on an AVX-512 CPU its AVX2 (Haswell) kernels run products
+    at about half the speed of its SkylakeX ones (bench/RESULTS.md, 2026-11-28 night), so a
+    timed figure says which ran."""
+    import os
+
+    from threadpoolctl import threadpool_info
+
+    pools = [pool for pool in threadpool_info() if pool.get("user_api") == "blas"]
+    if not pools:
+        return "numpy's BLAS unknown"
+    # numpy's own (a wheel's sits under numpy.libs) before any other, e.g. torch's
+    pool = min(pools, key=lambda pool: "numpy" not in pool.get("filepath", ""))
+    api = pool["internal_api"]
+    kind = {"openblas": "OpenBLAS", "mkl": "MKL", "blis": "BLIS"}.get(api, api)
+    text = f"{kind} {pool.get('version') or ''}".rstrip()
+    if pool.get("architecture"):
+        text += f", {pool['architecture']} kernels"
+    chosen = os.environ.get("OPENBLAS_CORETYPE") if kind == "OpenBLAS" else None
+    return text + (f" (OPENBLAS_CORETYPE={chosen})" if chosen else "")
+
+
 def apply_to_numba() -> None:
     """Give Numba's pool the requested count, once numba_support has started it."""
     if _requested and f"{__package__}.numba_support" in sys.modules:

@@ -87,6 +87,7 @@ import time
 from pathlib import Path
 
 import tinygrad_attn as ta
+from tinygrad_attn.compiler.threads import blas_kernels
 
 KINDS = ("none", "dot", "general", "concat", "additive")
 ARCHS = ("gru", "transformer")
@@ -435,7 +436,9 @@ def main(argv=None) -> list[dict]:
     task = ta.data.load("cmudict")
     if args.quick:
         task = quick_task(task)
-    print(f"{task!r}\nthreads: {args.threads}\n{settings_line(args)}")
+    # The hour's steps depend on the kernels numpy's BLAS runs (bench/RESULTS.md): recorded.
+    blas = blas_kernels()
+    print(f"{task!r}\nthreads: {args.threads}, numpy's BLAS: {blas}\n{settings_line(args)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     kinds = kinds_of(args)
@@ -443,13 +446,13 @@ def main(argv=None) -> list[dict]:
     # bench/g2p_torch.py reads the settings to build and train the same model alongside.
     styles = {kind: style_of(kind, args.style) for kind in kinds} if args.arch == "gru" else {}
     checkpoints = {f"{kind}/{seed}": f"{run_name(kind, seed, args.seeds)}.ckpt" for kind, seed in runs}
-    settings = vars(args) | {"styles": styles, "checkpoints": checkpoints}
+    settings = vars(args) | {"styles": styles, "checkpoints": checkpoints, "blas": blas}
     (out / "settings.json").write_text(json.dumps(settings, indent=1))
     results = [run(kind, seed, task, args, out) for kind, seed in runs]
     over_seeds = summary(results, args)
-    (out / "results.json").write_text(json.dumps({"settings": vars(args), "results": results,
-                                                  "over_seeds": over_seeds}, indent=1))
-    text = table(results, args) + "\n\n" + settings_line(args)
+    record = {"settings": vars(args) | {"blas": blas}, "results": results, "over_seeds": over_seeds}
+    (out / "results.json").write_text(json.dumps(record, indent=1))
+    text = table(results, args) + "\n\n" + settings_line(args) + f" numpy's BLAS: {blas}."
     if over_seeds:
         text += "\n\n" + summary_table(over_seeds, args.beam)
     (out / "results.md").write_text(text + "\n")

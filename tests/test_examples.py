@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests import optional
+from tinygrad_attn.compiler.threads import blas_kernels
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -59,6 +60,10 @@ def test_g2p_cmudict_quick_trains_scores_and_writes_its_table(tmp_path, capsys, 
     assert ("Settings: --arch gru: GRU encoder-decoder, bidirectional encoder, 1 layer(s) each, hidden 16"
             in table)
     assert "label smoothing 0;" in table and "eager steps; 0.5 min per run on 1 thread(s); seeds 0" in table
+    # the kernels numpy's BLAS ran, which set an hour's steps, are recorded with the run
+    blas = blas_kernels()
+    assert settings["blas"] == saved["settings"]["blas"] == blas
+    assert f"numpy's BLAS: {blas}." in table and f"numpy's BLAS: {blas}" in out
 
 
 @pytest.mark.parametrize(("flags", "message"), [
