@@ -236,6 +236,35 @@ def test_compiled_greedy_equals_eager_bit_for_bit_with_one_plan(dtype, norm_firs
     assert encoder.plans == 2 and encoder.captures == 2 and encoder.replays == 1 and encoder.eager_calls == 0
 
 
+def test_a_replayed_compiled_decode_dispatches_no_op_but_the_query_slices(monkeypatch):
+    """Once captured, a compiled decode runs plans: the encoder and every layer's projected
+    memory in one, each step in the other.  What is still dispatched eagerly is the slicing
+    of each layer's packed projection (``query_projection``: once a decode, whatever its
+    length), never an op of the encoder, the projections or a step."""
+    m = model()
+    src = sources(4, 6, 2)
+    for max_len in (6, 12):
+        m.greedy(src, max_len=max_len, compile=True)
+    apply = ta.autograd.Op.apply.__func__
+
+    def dispatched_by(**options):
+        seen = []
+
+        def spy(cls, *inputs, **attrs):
+            seen.append(cls.__name__)
+            return apply(cls, *inputs, **attrs)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(ta.autograd.Op, "apply", classmethod(spy))
+            m.greedy(src, **options)
+        return seen
+
+    short, long = dispatched_by(max_len=6, compile=True), dispatched_by(max_len=12, compile=True)
+    assert short == long and set(short) == {"GetItem"} and len(short) == 6 * len(m.transformer.decoder.layers)
+    eager = dispatched_by(max_len=6)                    # the spy sees eager decoding's ops
+    assert {"Linear", "LayerNorm"} <= set(eager) and len(eager) > 20 * len(short)
+
+
 def test_compiled_greedy_options_and_a_changed_model():
     m = model()
     src = sources(4, 6, 7)

@@ -74,6 +74,20 @@ def test_cached_decoding_steps_equal_running_the_whole_prefix(dtype, tol, norm_f
     np.testing.assert_array_equal(cached, uncached)
 
 
+def test_a_cache_started_from_given_projections_is_the_one_it_would_project():
+    model = small()
+    src, _ = batch()
+    layer = model.transformer.decoder.layers[0]
+    with ta.no_grad():
+        memory = model.encode(src)
+        keys, values = layer.multihead_attn.project_memory(memory)
+        given, projected = layer.start_cache(memory, 6, keys, values), layer.start_cache(memory, 6)
+        np.testing.assert_array_equal(given.memory_keys.numpy(), projected.memory_keys.numpy())
+        np.testing.assert_array_equal(given.memory_values.numpy(), projected.memory_values.numpy())
+        with pytest.raises(ValueError, match="start_cache: give memory_keys and memory_values together"):
+            layer.start_cache(memory, 6, keys)
+
+
 def test_it_learns_the_reverse_task():
     task = ta.data.load("reverse")
     ta.manual_seed(0)

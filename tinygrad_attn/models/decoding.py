@@ -609,9 +609,10 @@ _COMPILED_ENCODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def compiled_step(model, method: str, table: weakref.WeakKeyDictionary = _COMPILED_STEPS):
     """``model.<method>`` (a decode step of tensors alone) under ``ta.compile``, one per model
-    in ``table`` (``_COMPILED_ENCODERS`` for a model's encoder).  The compiled function
-    reaches the model through a weak reference: a bound method held as the value of this
-    weak-keyed table would keep every model that ever decoded alive."""
+    in ``table`` (``_COMPILED_ENCODERS`` for a model's decode start: its encoder, and a
+    Transformer's projections of the memory).  The compiled function reaches the model
+    through a weak reference: a bound method held as the value of this weak-keyed table
+    would keep every model that ever decoded alive."""
     step = table.get(model)
     if step is None:
         from ..compiled import compile as ta_compile
@@ -629,7 +630,7 @@ def compiled_step(model, method: str, table: weakref.WeakKeyDictionary = _COMPIL
 
 def compiled_functions(model) -> list:
     """The ``ta.compile``d functions ``model``'s compiled decoding has made so far (its decode
-    step, its encoder): their ``plans``, ``stats`` and ``source`` show what a decode replays."""
+    step, its start): their ``plans``, ``stats`` and ``source`` show what a decode replays."""
     return [table[model] for table in (_COMPILED_STEPS, _COMPILED_ENCODERS) if model in table]
 
 

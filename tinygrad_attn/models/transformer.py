@@ -320,14 +320,17 @@ class Transformer(TorchTwin, nn.Module):
         if compile and not use_cache:
             raise ValueError("Transformer.decode_start: compile=True decodes with the cache (use_cache=True)")
         mask = src != PAD
-        if compile:         # the encoder replays its own plan: one per batch size and source width
-            encoder = decoding.compiled_step(self, "encode", decoding._COMPILED_ENCODERS)
-            memory = encoder(Tensor(src, device=self.out.weight.device))
+        layers = self.transformer.decoder.layers
+        if compile:         # the start replays its own plan: one per batch size and source width
+            start = decoding.compiled_step(self, "_decode_memory", decoding._COMPILED_ENCODERS)
+            memory, *projected = start(Tensor(src, device=self.out.weight.device))
+        elif use_cache:
+            memory, *projected = self._decode_memory(src)
         else:
             memory = self.encode(src)
         length = self.max_len if max_steps is None else max(1, min(int(max_steps), self.max_len))
-        caches = [layer.start_cache(memory, length) for layer in self.transformer.decoder.layers] \
-            if use_cache else []
+        caches = [layer.start_cache(memory, length, *projected[2 * i: 2 * i + 2])
+                  for i, layer in enumerate(layers)] if use_cache else []
         step = decoding.compiled_step(self, "_step") if compile else self._step
         batch = src.shape[0]
         state = _State(memory, mask, self._step_mask(mask, memory.device), caches,
@@ -335,6 +338,16 @@ class Transformer(TorchTwin, nn.Module):
         if use_cache and max_rows is not None and int(max_rows) > batch:
             state = self.decode_select(state, np.arange(batch), capacity=int(max_rows))
         return state
+
+    def _decode_memory(self, src) -> tuple:
+        """What a cached decode computes once from ``src`` (B, S): the encoder's memory, then
+        each decoder layer's cross-attention keys and values of it, (B, H, S, D) each:
+        (memory, keys_0, values_0, keys_1, ...).  Compiled, the whole start is one plan (the
+        projections, run eagerly, are ~36 dispatched ops a decode at two layers)."""
+        memory = self.encode(src)
+        projected = [x for layer in self.transformer.decoder.layers
+                     for x in layer.multihead_attn.project_memory(memory)]
+        return (memory, *projected)
 
     def decode_step(self, state: _State, tokens: np.ndarray, t: int):
         """One step from the previous ids (N,): (the model's log-probabilities (N, V) float64,

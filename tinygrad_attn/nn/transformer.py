@@ -181,12 +181,19 @@ class TransformerDecoderLayer(_Layer):
             self.multihead_attn.out_proj.weight, self.linear1.weight, self.linear2.weight)]
         return DecoderCache(keys, values, memory_keys, memory_values, layout[0], b_q, slots, *layout[1:])
 
-    def start_cache(self, memory: Tensor, length: int | None = None) -> DecoderCache:
+    def start_cache(self, memory: Tensor, length: int | None = None, memory_keys: Tensor | None = None,
+                    memory_values: Tensor | None = None) -> DecoderCache:
         """The cache a decode of ``memory`` (B, S, d_model) starts from: the cross-attention's
-        keys and values of the memory, projected once; the self-attention's keys and values
-        preallocated to ``length`` positions (zeros, each written by its step), or, with
-        ``length`` None, empty and growing by one position per step."""
-        memory_keys, memory_values = self.multihead_attn.project_memory(memory)
+        keys and values of the memory, projected once (or given: ``memory_keys`` and
+        ``memory_values``, ``multihead_attn.project_memory(memory)`` made by the caller); the
+        self-attention's keys and values preallocated to ``length`` positions (zeros, each
+        written by its step), or, with ``length`` None, empty and growing by one position per
+        step."""
+        if (memory_keys is None) != (memory_values is None):
+            raise ValueError("TransformerDecoderLayer.start_cache: give memory_keys and memory_values "
+                             "together, or neither")
+        if memory_keys is None:
+            memory_keys, memory_values = self.multihead_attn.project_memory(memory)
         batch, heads, _, depth = memory_keys.shape
         size = (batch, heads, 0 if length is None else length, depth)
         keys, values = (Tensor.zeros(*size, dtype=memory.dtype, device=memory.device) for _ in range(2))
