@@ -18,6 +18,9 @@ greedy decoding.
                                   nn.TransformerDecoder each step (it has no cache)
                       torch+cache the same weights with a hand-written key/value cache (each
                                   layer's projections via F.linear, F.scaled_dot_product_attention)
+                      inductor    (--inductor) that decoder with its caches preallocated and the
+                                  position an input, each step torch.compile'd (Inductor, CPU): a
+                                  contender, not a target; checked to decode the same ids
 
 Before timing, the twins are checked to agree: training loss and every gradient to 1e-4 relative,
 and identical greedy outputs.  Contenders alternate within each repeat; ratios are of medians
@@ -25,13 +28,17 @@ from the same run (absolute times drift between runs on shared machines).
 
 Run:  .venv/bin/python bench/transformer.py [--repeats 7] [--budget 0.5] [--threads N]
           [--only train|decode] [--profile] [--compiled] [--sentences 64] [--steps 30]
+          [--inductor]
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import math
 import statistics
 import sys
+import time
 
 import numpy as np
 from profiling import profile_plans, profile_step
@@ -117,6 +124,66 @@ def torch_greedy_cached(twin, src, max_len: int):
         return torch.stack(out, 1)
 
 
+def torch_static_decoder(twin, src, max_len: int, compile_step: bool = True):
+    """The cached decoder above with its self-attention caches preallocated to ``max_len``
+    positions and the position a tensor input (the static cache of gpt-fast and Hugging Face's
+    ``StaticCache``): every step has the same shapes, so ``torch.compile`` traces one graph and
+    replays it.  Returns ``decode()`` (ids (B, max_len)) and, compiled, the seconds its first
+    call took (Dynamo's trace and Inductor's C++ build)."""
+    F = torch.nn.functional
+    layers = twin.transformer.decoder.layers
+    batch_size, heads, depth = src.shape[0], HEADS, D_MODEL // HEADS
+    scale = math.sqrt(D_MODEL)
+
+    def split(x):
+        return x.view(batch_size, -1, heads, depth).transpose(1, 2)
+
+    def project(mha, x, which):
+        return split(F.linear(x, mha.in_proj_weight.chunk(3)[which], mha.in_proj_bias.chunk(3)[which]))
+
+    def step(y, t, keys, values, memory_keys, memory_values, keep):
+        """One token (B,) at position t (0-d int64): its logits (B, V); the caches written at t."""
+        x = twin.tgt_embed(y[:, None]) * scale + twin.sinusoids[t][None, None]
+        visible = (torch.arange(max_len) <= t)[None]                          # (1, max_len)
+        for i, la in enumerate(layers):
+            keys[i].index_copy_(2, t.view(1), project(la.self_attn, x, 1))
+            values[i].index_copy_(2, t.view(1), project(la.self_attn, x, 2))
+            a = F.scaled_dot_product_attention(project(la.self_attn, x, 0), keys[i], values[i],
+                                               attn_mask=visible)
+            x = la.norm1(x + la.self_attn.out_proj(a.transpose(1, 2).reshape(batch_size, 1, D_MODEL)))
+            a = F.scaled_dot_product_attention(project(la.multihead_attn, x, 0), memory_keys[i],
+                                               memory_values[i], attn_mask=keep)
+            x = la.norm2(x + la.multihead_attn.out_proj(a.transpose(1, 2).reshape(batch_size, 1, D_MODEL)))
+            x = la.norm3(x + la.linear2(F.relu(la.linear1(x))))
+        return twin.out(twin.transformer.decoder.norm(x)[:, 0])
+
+    run = torch.compile(step, dynamic=False) if compile_step else step
+    positions = [torch.tensor(t) for t in range(max_len)]
+
+    def decode():
+        with torch.no_grad():
+            memory = twin.encode(src)
+            keep = (src != 0)[:, None, None, :]                                # True = may attend
+            memory_keys = [project(la.multihead_attn, memory, 1) for la in layers]
+            memory_values = [project(la.multihead_attn, memory, 2) for la in layers]
+            shape = (batch_size, heads, max_len, depth)
+            keys = [torch.zeros(shape) for _ in layers]
+            values = [torch.zeros(shape) for _ in layers]
+            y = torch.ones(batch_size, dtype=torch.long)
+            out = []
+            for t in range(max_len):
+                y = _pick(run(y, positions[t], keys, values, memory_keys, memory_values, keep))
+                out.append(y)
+            return torch.stack(out, 1)
+
+    if not compile_step:
+        return decode, None
+    torch._logging.set_logs(dynamo=logging.ERROR)
+    t0 = time.perf_counter()
+    decode()
+    return decode, time.perf_counter() - t0
+
+
 def _pick(logits):
     """argmax over the tokens the engine may produce (<pad> and <start> excluded)."""
     logits = logits.clone()
@@ -171,6 +238,8 @@ def bench_decode(args) -> None:
             if ours.shape != theirs.shape or not (ours == theirs).all():
                 sys.exit(f"{name} decodes differently from the engine")
             contenders[name] = (lambda d: lambda: d(twin, source, steps))(decode)
+        if args.inductor:
+            _add_inductor_decoder(contenders, twin, source, steps, ours)
     # run_alternating times calls; sentences/s = batch / seconds per call.
     times = run_alternating(contenders, args.repeats, args.budget, unit=1.0)
     rates = {k: [args.sentences / t for t in ts] for k, ts in times.items()}
@@ -184,6 +253,31 @@ def bench_decode(args) -> None:
         paired = statistics.median(a / b for a, b in pairs)
         print(f"  ta compiled decodes {ratio:.2f}x the sentences/s of torch+cache (median of the repeats' "
               f"ratios: {paired:.2f}x)")
+    if "inductor" in rates:
+        paired = statistics.median(a / b for a, b in zip(rates["ta compiled"], rates["inductor"], strict=True))
+        print(f"  ta compiled decodes {paired:.2f}x the sentences/s of torch.compile's static-cache decoder "
+              f"(median of the repeats' ratios); torch.compile / torch+cache "
+              f"{statistics.median(rates['inductor']) / statistics.median(rates['torch+cache']):.2f}x")
+
+
+def _add_inductor_decoder(contenders: dict, twin, source, steps: int, ours: np.ndarray) -> None:
+    """The static-cache decoder compiled by torch.compile (Inductor, CPU) as a contender, when
+    it compiles here and decodes what the engine does (checked eagerly and compiled)."""
+    plain, _ = torch_static_decoder(twin, source, steps, compile_step=False)
+    if not np.array_equal(plain().numpy(), ours):
+        sys.exit("torch's static-cache decoder decodes differently from the engine")
+    try:
+        decode, seconds = torch_static_decoder(twin, source, steps)
+        theirs = decode().numpy()
+    except Exception as error:  # noqa: BLE001 - a failure of Inductor here is reported, not fatal
+        text = str(error).strip().splitlines()
+        print(f"  torch.compile: failed here, left out ({type(error).__name__}: {text[0] if text else ''})")
+        return
+    if not np.array_equal(theirs, ours):
+        print("  torch.compile: its static-cache decode differs from the engine's ids, left out")
+        return
+    print(f"  torch.compile (Inductor) of the static-cache step: first decode {seconds:.1f} s (the compile)")
+    contenders["inductor"] = decode
 
 
 def report(title: str, times: dict, lower_is_better: bool) -> None:
@@ -209,6 +303,9 @@ def main(argv=None) -> None:
                         help="--profile the compiled step and decode (replays, by kernel)")
     parser.add_argument("--sentences", type=int, default=SENTENCES, help="sources the greedy decode runs")
     parser.add_argument("--steps", type=int, default=STEPS, help="steps the greedy decode runs")
+    parser.add_argument("--inductor", action="store_true",
+                        help="add torch.compile (Inductor) of a static-cache torch decoder as a contender "
+                             "(its compile takes a minute or more)")
     args = parser.parse_args(argv)
     if args.threads:
         set_threads(args.threads, torch)

@@ -535,3 +535,24 @@ def test_compile_trailing_var_positional_takes_the_fast_path(monkeypatch):
     wide = step(ta.Tensor(np.ones(5)), ta.Tensor(np.ones(1)), ta.Tensor(np.ones(5))).item()
     assert wide == 10.0 and step.stats.captures == 4     # another shape among *rest: a new plan
     assert step(ta.Tensor(np.ones(4)), ta.Tensor(np.ones(1)), None).item() == 4.0   # None in *rest
+
+
+def test_threads_that_meet_a_new_signature_at_once_capture_one_plan():
+    """A second thread that waited while the first captured replays its plan."""
+    import threading
+
+    barrier = threading.Barrier(4)
+    step = ta.compile(lambda x: (x * 2.0 + 1.0).sum())
+
+    def call():
+        barrier.wait()
+        return float(step(ta.Tensor(np.arange(6.0))).item())
+
+    results = []
+    workers = [threading.Thread(target=lambda: results.append(call())) for _ in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert results == [36.0] * 4
+    assert step.stats.plans == 1 and step.stats.captures == 1 and step.stats.replays == 3

@@ -565,7 +565,7 @@ class Compiled:
         """A call the fast path did not replay: bind the signature, find or capture a plan."""
         call_args, call_kwargs, tensors, names, key = self._arguments(args, kwargs)
         candidates = self._plans.get(key)
-        reason = "new signature"
+        reason, dead = "new signature", []
         if candidates:
             for plan in candidates:
                 result = plan.enter(*tensors)
@@ -576,21 +576,30 @@ class Compiled:
             # A parameter or an optimizer's state was replaced: those plans are dead.
             dead = [p for p in candidates if not p.alive()]
             reason = (dead or candidates)[-1].why_not()
+        with _CAPTURE_LOCK:
             for plan in dead:
-                candidates.remove(plan)
-                self.stats.plans -= 1
-        if self.stats.plans >= self.max_plans:
-            if not self._warned:
-                self._warned = True
-                warnings.warn(f"ta.compile({self.fn.__qualname__}): {self.max_plans} plans captured "
-                              f"already (max_plans); running eagerly from now on for new signatures "
-                              f"({reason}). Pad shapes to fewer sizes, or declare fewer values static",
-                              UserWarning, stacklevel=3)
-            self.stats.eager_calls += 1
-            return self.fn(*call_args, **call_kwargs)
-        result = self._capture(key, reason, call_args, call_kwargs, tensors, names)
-        self._remember(fast_key, args, self._plans[key])
-        return result
+                if plan in candidates:      # not yet dropped by another thread
+                    candidates.remove(plan)
+                    self.stats.plans -= 1
+            # Another thread may have captured this signature while this one waited for the lock.
+            for plan in list(self._plans.get(key, ())):
+                result = plan.enter(*tensors)
+                if result is not _MISS:
+                    self.stats.replays += 1
+                    self._remember(fast_key, args, self._plans[key])
+                    return result
+            if self.stats.plans < self.max_plans:
+                result = self._capture(key, reason, call_args, call_kwargs, tensors, names)
+                self._remember(fast_key, args, self._plans[key])
+                return result
+        if not self._warned:
+            self._warned = True
+            warnings.warn(f"ta.compile({self.fn.__qualname__}): {self.max_plans} plans captured "
+                          f"already (max_plans); running eagerly from now on for new signatures "
+                          f"({reason}). Pad shapes to fewer sizes, or declare fewer values static",
+                          UserWarning, stacklevel=3)
+        self.stats.eager_calls += 1
+        return self.fn(*call_args, **call_kwargs)
 
     def _remember(self, fast_key, args, plans: list) -> None:
         if fast_key is None or fast_key in self._fast:
