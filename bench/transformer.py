@@ -254,7 +254,8 @@ def bench_decode(args) -> None:
         print(f"  ta compiled decodes {ratio:.2f}x the sentences/s of torch+cache (median of the repeats' "
               f"ratios: {paired:.2f}x)")
     if "inductor" in rates:
-        paired = statistics.median(a / b for a, b in zip(rates["ta compiled"], rates["inductor"], strict=True))
+        pairs = zip(rates["ta compiled"], rates["inductor"], strict=True)
+        paired = statistics.median(a / b for a, b in pairs)
         print(f"  ta compiled decodes {paired:.2f}x the sentences/s of torch.compile's static-cache decoder "
               f"(median of the repeats' ratios); torch.compile / torch+cache "
               f"{statistics.median(rates['inductor']) / statistics.median(rates['torch+cache']):.2f}x")
