@@ -81,25 +81,27 @@ def torch_greedy(twin, src, max_len: int):
         return ys[:, 1:]
 
 
+def _project(mha, x, which: int):
+    """One of an nn.MultiheadAttention's packed projections (0 query, 1 key, 2 value) of x
+    (B, T, d_model), split into heads: (B, H, T, D)."""
+    w, b = mha.in_proj_weight.chunk(3)[which], mha.in_proj_bias.chunk(3)[which]
+    y = torch.nn.functional.linear(x, w, b)
+    return y.view(x.shape[0], -1, HEADS, D_MODEL // HEADS).transpose(1, 2)
+
+
+def _merge(a):
+    """One position's heads (B, H, 1, D) back to (B, 1, d_model)."""
+    return a.transpose(1, 2).reshape(a.shape[0], 1, D_MODEL)
+
+
 def torch_greedy_cached(twin, src, max_len: int):
     """A key/value cache written by hand over the twin's modules (post-norm layers)."""
     F = torch.nn.functional
+    project, merge = _project, _merge
     with torch.no_grad():
         memory = twin.encode(src)
-        batch_size, heads = src.shape[0], HEADS
+        batch_size = src.shape[0]
         pad = (src == 0)[:, None, None, :]                      # True = masked, torch's convention
-
-        def merge(a):
-            return a.transpose(1, 2).reshape(batch_size, 1, D_MODEL)
-
-        def split(x):
-            return x.view(batch_size, -1, heads, D_MODEL // heads).transpose(1, 2)
-
-        def project(mha, x, which):
-            W = mha.in_proj_weight.chunk(3)[which]
-            b = mha.in_proj_bias.chunk(3)[which]
-            return split(F.linear(x, W, b))
-
         layers = twin.transformer.decoder.layers
         memory_kv = [(project(la.multihead_attn, memory, 1), project(la.multihead_attn, memory, 2))
                      for la in layers]
@@ -131,15 +133,10 @@ def torch_static_decoder(twin, src, max_len: int, compile_step: bool = True):
     replays it.  Returns ``decode()`` (ids (B, max_len)) and, compiled, the seconds its first
     call took (Dynamo's trace and Inductor's C++ build)."""
     F = torch.nn.functional
+    project, merge = _project, _merge
     layers = twin.transformer.decoder.layers
-    batch_size, heads, depth = src.shape[0], HEADS, D_MODEL // HEADS
+    batch_size = src.shape[0]
     scale = math.sqrt(D_MODEL)
-
-    def split(x):
-        return x.view(batch_size, -1, heads, depth).transpose(1, 2)
-
-    def project(mha, x, which):
-        return split(F.linear(x, mha.in_proj_weight.chunk(3)[which], mha.in_proj_bias.chunk(3)[which]))
 
     def step(y, t, keys, values, memory_keys, memory_values, keep):
         """One token (B,) at position t (0-d int64): its logits (B, V); the caches written at t."""
@@ -150,10 +147,10 @@ def torch_static_decoder(twin, src, max_len: int, compile_step: bool = True):
             values[i].index_copy_(2, t.view(1), project(la.self_attn, x, 2))
             a = F.scaled_dot_product_attention(project(la.self_attn, x, 0), keys[i], values[i],
                                                attn_mask=visible)
-            x = la.norm1(x + la.self_attn.out_proj(a.transpose(1, 2).reshape(batch_size, 1, D_MODEL)))
+            x = la.norm1(x + la.self_attn.out_proj(merge(a)))
             a = F.scaled_dot_product_attention(project(la.multihead_attn, x, 0), memory_keys[i],
                                                memory_values[i], attn_mask=keep)
-            x = la.norm2(x + la.multihead_attn.out_proj(a.transpose(1, 2).reshape(batch_size, 1, D_MODEL)))
+            x = la.norm2(x + la.multihead_attn.out_proj(merge(a)))
             x = la.norm3(x + la.linear2(F.relu(la.linear1(x))))
         return twin.out(twin.transformer.decoder.norm(x)[:, 0])
 
@@ -166,7 +163,7 @@ def torch_static_decoder(twin, src, max_len: int, compile_step: bool = True):
             keep = (src != 0)[:, None, None, :]                                # True = may attend
             memory_keys = [project(la.multihead_attn, memory, 1) for la in layers]
             memory_values = [project(la.multihead_attn, memory, 2) for la in layers]
-            shape = (batch_size, heads, max_len, depth)
+            shape = (batch_size, HEADS, max_len, D_MODEL // HEADS)
             keys = [torch.zeros(shape) for _ in layers]
             values = [torch.zeros(shape) for _ in layers]
             y = torch.ones(batch_size, dtype=torch.long)
