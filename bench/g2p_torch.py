@@ -225,7 +225,7 @@ def engine_run(settings: dict, seed: int | None) -> tuple[Namespace, str, int]:
     elif seed not in seeds:
         raise SystemExit(f"--seed {seed}: the engine's run has seeds {seeds}")
     args = Namespace(**{"arch": "gru", "norm_first": False, "max_len": None, "label_smoothing": 0.0,
-                        "average_last": 0, "layers": 1, **settings, "seeds": seeds})
+                        "average_last": 0, "layers": 1, "valid_fraction": 0.05, **settings, "seeds": seeds})
     kind = args.attention[0] if args.arch == "gru" else "transformer"
     if args.arch == "gru":
         args.style = args.styles[kind]          # the decoder the engine's run gave that score
@@ -264,9 +264,7 @@ def main(argv=None) -> None:
         report(engine_dir, run, kind, seed, out)
         return
     torch.set_num_threads(args.threads)
-    task = ta.data.load("cmudict")
-    if args.quick:
-        task = g2p.quick_task(task)
+    task = g2p.load_task(Namespace(valid_fraction=run.valid_fraction, quick=args.quick))
     engine = g2p.build_model(kind, task, run, seed)
     torch.manual_seed(seed)
     model = engine.to_torch()                       # the same network, the engine's initial weights

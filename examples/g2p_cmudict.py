@@ -135,6 +135,8 @@ def parse_args(argv=None):
     run.add_argument("--warmup", type=int, default=1000)
     run.add_argument("--bucket", type=int, default=50)
     run.add_argument("--eval-every", type=int, default=2000)
+    run.add_argument("--valid-fraction", type=float, default=0.05,
+                     help="the share of words that validate (default 0.05); less moves the rest into training")
     run.add_argument("--label-smoothing", type=float, default=0.0,
                      help="eps of the training loss's label smoothing (default 0)")
     run.add_argument("--average-last", type=int, default=0, metavar="N",
@@ -178,6 +180,14 @@ def resolve(parser, args) -> None:
             setattr(args, name, value)
     if len(set(args.seeds)) != len(args.seeds):
         parser.error(f"--seeds repeats a seed: {args.seeds}")
+
+
+def load_task(args):
+    """CMUdict split with the run's ``valid_fraction`` (the test words are the same for every
+    fraction: the split's hash puts a word in test before it considers validation), or a few
+    hundred words with ``--quick``."""
+    task = ta.data.load("cmudict", valid_fraction=args.valid_fraction)
+    return quick_task(task) if args.quick else task
 
 
 def quick_task(task):
@@ -313,7 +323,8 @@ def settings_line(args) -> str:
             else "the best evaluation's weights")
     return (f"Settings: --arch {args.arch}: {model}; dropout {args.dropout:g}; Adam, lr {args.lr:g}, "
             f"{args.warmup} warm-up steps, cosine decay to step {args.steps:,}; batches of {args.batch_size} "
-            f"bucketed by {args.bucket}; label smoothing {args.label_smoothing:g}; validated every "
+            f"bucketed by {args.bucket}; label smoothing {args.label_smoothing:g}; validated on "
+            f"{args.valid_fraction:.0%} of the words every "
             f"{args.eval_every:,} steps, ending with {kept}; {'compiled' if args.compile else 'eager'} "
             f"steps; {args.minutes:g} min per run on {args.threads} thread(s); seeds "
             f"{' '.join(map(str, args.seeds))}{'; --quick' if args.quick else ''}.")
@@ -433,9 +444,7 @@ def main(argv=None) -> list[dict]:
         compare(args.compare, Path(args.figure) if args.figure else Path(args.out) / "compare.png")
         return []
     ta.set_num_threads(args.threads)
-    task = ta.data.load("cmudict")
-    if args.quick:
-        task = quick_task(task)
+    task = load_task(args)
     # The hour's steps depend on the kernels numpy's BLAS runs (bench/RESULTS.md): recorded.
     blas = blas_kernels()
     print(f"{task!r}\nthreads: {args.threads}, numpy's BLAS: {blas}\n{settings_line(args)}")
