@@ -30,8 +30,8 @@ Run:  python examples/g2p_cmudict.py [--arch gru] [--attention general] [--style
           [--layers 3] [--ff 1024] [--max-len N] [--norm-first]
       both with [--minutes 60] [--steps 44000] [--dropout 0.2 (gru) / 0.1 (transformer)]
           [--batch-size 64] [--lr 1e-3] [--warmup 1000] [--bucket 50] [--eval-every 2000]
-          [--valid-fraction 0.05] [--label-smoothing 0] [--average-last 0] [--compile] [--beam 5] [--threads 1]
-          [--seeds 0] [--out runs/g2p] [--quick]
+          [--valid-fraction 0.05] [--label-smoothing 0] [--average-last 0] [--compile]
+          [--beam 5] [--threads 1] [--seeds 0] [--out runs/g2p] [--quick]
       python examples/g2p_cmudict.py --compare runs/g2p-gru runs/g2p-transformer
           [--figure docs/g2p_curves.png]
 
