@@ -37,7 +37,7 @@ Run:  python examples/g2p_cmudict.py [--arch gru] [--attention general] [--style
 
     --valid-fraction F     validate on this share of the words (by the split's hash; default
                  0.05, 6,275 words) and train on the rest of the validation words too: 0.01
-                 keeps 1,252 words for the curve and the evaluations and adds 5,399 pairs to
+                 keeps 1,252 words to validate on and adds 5,399 pairs to
                  training.  The test words are the same for every fraction.
     --label-smoothing EPS  train on the smoothed cross-entropy (ta.models.train's
                  label_smoothing; the validation loss it logs stays unsmoothed)
@@ -331,7 +331,7 @@ def settings_line(args) -> str:
     return (f"Settings: --arch {args.arch}: {model}; dropout {args.dropout:g}; Adam, lr {args.lr:g}, "
             f"{args.warmup} warm-up steps, cosine decay to step {args.steps:,}; batches of {args.batch_size} "
             f"bucketed by {args.bucket}; label smoothing {args.label_smoothing:g}; validated on "
-            f"{args.valid_fraction:.0%} of the words every "
+            f"{args.valid_fraction * 100:g}% of the words every "
             f"{args.eval_every:,} steps, ending with {kept}; {'compiled' if args.compile else 'eager'} "
             f"steps; {args.minutes:g} min per run on {args.threads} thread(s); seeds "
             f"{' '.join(map(str, args.seeds))}{'; --quick' if args.quick else ''}.")

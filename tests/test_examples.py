@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import tinygrad_attn as ta
 from tests import optional
 from tinygrad_attn.compiler.threads import blas_kernels
 
@@ -93,8 +94,9 @@ def test_g2p_cmudict_valid_fraction_moves_validation_words_into_training_and_kee
     (["--d-model", "32", "--heads", "2"], "--d-model, --heads are not an option of --arch gru"),
     (["--seeds", "1", "1"], r"--seeds repeats a seed: \[1, 1\]"),
     (["--valid-fraction", "0"], r"--valid-fraction must be above 0 \(the runs validate\) and below 0.95"),
+    (["--valid-fraction", "0.95"], r"--valid-fraction must be above 0 .* got 0.95"),
 ])
-def test_g2p_cmudict_refuses_the_other_architectures_options(flags, message, capsys):
+def test_g2p_cmudict_refuses_bad_options(flags, message, capsys):
     g2p = runpy.run_path(str(EXAMPLES / "g2p_cmudict.py"))
     with pytest.raises(SystemExit):
         g2p["parse_args"](flags)
@@ -115,7 +117,7 @@ TRAINING = dict(dropout=0.2, batch_size=64, lr=1e-3, warmup=1000, bucket=50, eva
     dict(arch="gru", attention=["general"], styles={"general": "luong"}, bidirectional=True, hidden=256,
          embed=64, seeds=[0], label_smoothing=0.1, average_last=0),
     dict(arch="gru", attention=["general"], styles={"general": "luong"}, bidirectional=True, hidden=256,
-         embed=64, layers=2, seeds=[0], label_smoothing=0.0, average_last=0),
+         embed=64, layers=2, seeds=[0], label_smoothing=0.0, average_last=0, valid_fraction=0.01),
     dict(arch="transformer", d_model=256, heads=4, layers=3, ff=1024, max_len=None, norm_first=False,
          styles={}, seeds=[3, 4], label_smoothing=0.1, average_last=2),
 ], ids=["bahdanau", "luong", "luong-2-layers", "transformer"])
@@ -129,7 +131,16 @@ def test_the_torch_twin_of_the_g2p_model_computes_the_engines_loss(tmp_path, cap
     (engine / "settings.json").write_text(json.dumps({**model, **TRAINING}))
     monkeypatch.setattr("sys.argv", ["g2p_torch.py", "--quick", "--engine", str(engine),
                                      "--out", str(tmp_path / "torch")])
+    loads, load = [], ta.data.load
+
+    def spy(name, **options):
+        loads.append((name, options))
+        return load(name, **options)
+
+    monkeypatch.setattr(ta.data, "load", spy)
     runpy.run_path(str(BENCH / "g2p_torch.py"), run_name="__main__")
+    # the engine run's split: its valid_fraction, or the default for settings from before it
+    assert loads == [("cmudict", {"valid_fraction": model.get("valid_fraction", 0.05)})]
     out = capsys.readouterr().out
     assert "the torch twin's loss equals the engine's" in out
     result = json.loads((tmp_path / "torch" / "results.json").read_text())
