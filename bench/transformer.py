@@ -81,7 +81,7 @@ def torch_greedy(twin, src, max_len: int):
         return ys[:, 1:]
 
 
-def _project(mha, x, which: int):
+def project(mha, x, which: int):
     """One of an nn.MultiheadAttention's packed projections (0 query, 1 key, 2 value) of x
     (B, T, d_model), split into heads: (B, H, T, D)."""
     w, b = mha.in_proj_weight.chunk(3)[which], mha.in_proj_bias.chunk(3)[which]
@@ -89,7 +89,7 @@ def _project(mha, x, which: int):
     return y.view(x.shape[0], -1, HEADS, D_MODEL // HEADS).transpose(1, 2)
 
 
-def _merge(a):
+def merge(a):
     """One position's heads (B, H, 1, D) back to (B, 1, d_model)."""
     return a.transpose(1, 2).reshape(a.shape[0], 1, D_MODEL)
 
@@ -97,7 +97,6 @@ def _merge(a):
 def torch_greedy_cached(twin, src, max_len: int):
     """A key/value cache written by hand over the twin's modules (post-norm layers)."""
     F = torch.nn.functional
-    project, merge = _project, _merge
     with torch.no_grad():
         memory = twin.encode(src)
         batch_size = src.shape[0]
@@ -133,7 +132,6 @@ def torch_static_decoder(twin, src, max_len: int, compile_step: bool = True):
     replays it.  Returns ``decode()`` (ids (B, max_len)) and, compiled, the seconds its first
     call took (Dynamo's trace and Inductor's C++ build)."""
     F = torch.nn.functional
-    project, merge = _project, _merge
     layers = twin.transformer.decoder.layers
     batch_size = src.shape[0]
     scale = math.sqrt(D_MODEL)

@@ -37,8 +37,8 @@ Run:  python examples/g2p_cmudict.py [--arch gru] [--attention general] [--style
 
     --valid-fraction F     validate on this share of the words (by the split's hash; default
                  0.05, 6,275 words) and train on the rest of the validation words too: 0.01
-                 keeps 1,252 words to validate on and adds 5,399 pairs to
-                 training.  The test words are the same for every fraction.
+                 keeps 1,252 words to validate on and adds 5,399 pairs to training.  The
+                 test words are the same for every fraction.
     --label-smoothing EPS  train on the smoothed cross-entropy (ta.models.train's
                  label_smoothing; the validation loss it logs stays unsmoothed)
     --average-last N       end with the mean of the weights at the last N evaluations
