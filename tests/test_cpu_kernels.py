@@ -158,12 +158,50 @@ def test_row_kernels_serial_and_parallel_loops(loop, rows, dtype):
     weight, bias = rng.normal(size=100).astype(dtype), rng.normal(size=100).astype(dtype)
     _, mean, rstd = reference.layer_norm(x, weight, bias, 1e-5)
     cases += [("layer_norm", (x, weight, bias, 1e-5)), ("layer_norm_back", (dy, x, mean, rstd, weight))]
+    _, mean, rstd = reference.layer_norm(x, None, None, 1e-5)       # no weight, no bias
+    cases += [("layer_norm", (x, None, None, 1e-5)), ("layer_norm", (x, weight, None, 1e-5)),
+              ("layer_norm_back", (dy, x, mean, rstd, None))]
     for name, args in cases:
         got, want = cpu.KERNELS[name](*args), getattr(reference, name)(*args)
         if not isinstance(got, tuple):
             got, want = (got,), (want,)
         for g, w in zip(got, want, strict=True):
-            np.testing.assert_allclose(g, w, **TOL[dtype], err_msg=name)
+            if w is None:                                  # no weight: no weight's gradient
+                assert g is None, name
+            else:
+                np.testing.assert_allclose(g, w, **TOL[dtype], err_msg=name)
+
+
+@given(lead=st.lists(st.integers(0, 4), max_size=3), n=st.integers(1, 9),
+       dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**32 - 1))
+def test_add_bias_to_rows_equals_numpy_bit_for_bit(lead, n, dtype, seed):
+    """The cpu add_'s own loop (b (N,) onto every row of a (..., N)) makes numpy's sums, in
+    place, and returns a itself."""
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(*lead, n)).astype(dtype)
+    b = rng.normal(size=n).astype(dtype)
+    want = np.add(a, b)
+    got = cpu.KERNELS["add_"](a, b)
+    assert got is a
+    np.testing.assert_array_equal(got, want)
+
+
+def test_add_bias_leaves_what_it_does_not_handle_to_numpy():
+    """Overlapping memory, another layout or dtype, a broadcast other than along rows, and a
+    read-only array: numpy's results, and numpy's error."""
+    add_ = cpu.KERNELS["add_"]
+    a = np.arange(12.0).reshape(3, 4)
+    want = a + a[0].copy()
+    np.testing.assert_array_equal(add_(a, a[0]), want)          # b is a's first row: numpy buffers
+    a = np.arange(12.0).reshape(4, 3).T                           # not C-contiguous
+    np.testing.assert_array_equal(add_(a.copy(order="F"), np.ones(4)), a + 1)
+    a32 = np.ones((2, 3), np.float32)
+    np.testing.assert_array_equal(add_(a32, np.full(3, 0.5)), np.full((2, 3), 1.5, np.float32))
+    np.testing.assert_array_equal(add_(np.ones((2, 3)), np.ones((2, 1))), np.full((2, 3), 2.0))
+    frozen = np.ones((2, 3))
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        add_(frozen, np.ones(3))
 
 
 @settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
