@@ -248,9 +248,10 @@ class MultiHeadAttention(Module):
         W_in, W_o = (self.in_proj_weight if "in_proj_weight" in self._parameters else None,
                      self.out_proj.weight) if weights is None else weights
         if "in_proj_weight" in self._parameters:
-            qkv = F.linear(x, W_in, self.in_proj_bias)                                        # (B, 1, 3E)
-            qkv = qkv.reshape(batch, 3, H, 1, E // H).permute(1, 0, 2, 3, 4)                 # (3, B, H, 1, D)
-            q, k, v = qkv[0], qkv[1], qkv[2]                   # each contiguous, as the kernels read them
+            qkv = F.linear(x, W_in, self.in_proj_bias).reshape(batch, 3, H, 1, E // H)   # (B, 3, H, 1, D)
+            # Each a contiguous copy (B, H, 1, D), as the kernels read them: indexing copies, so
+            # no permute first (it cost a second copy of all three, ~6 us a step's layer).
+            q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
         else:
             (W_q, W_k, W_v), (b_q, b_k, b_v) = self._projections()
             q, k, v = _heads(x, W_q, b_q, H), _heads(x, W_k, b_k, H), _heads(x, W_v, b_v, H)
