@@ -4,7 +4,7 @@ blocks, and the float32 error of long sums."""
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tinygrad_attn.compiler import cpu, numba_support, reference, threads
@@ -184,6 +184,27 @@ def test_add_bias_to_rows_equals_numpy_bit_for_bit(lead, n, dtype, seed):
     got = cpu.KERNELS["add_"](a, b)
     assert got is a
     np.testing.assert_array_equal(got, want)
+
+
+@example(rows=700, cols=1, keepdims=False, dtype=np.float32, seed=1)       # numpy's pairwise sum
+@given(rows=st.integers(0, 700), cols=st.integers(0, 40), keepdims=st.booleans(),
+       dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**32 - 1))
+def test_sum_over_rows_equals_numpy_bit_for_bit(rows, cols, keepdims, dtype, seed):
+    """The cpu sum over axis 0 of a matrix adds the rows in numpy's order: the same bits."""
+    x = (np.random.default_rng(seed).normal(size=(rows, cols)) * 100).astype(dtype)
+    for axis in (0, (0,)):
+        got, want = cpu.KERNELS["sum"](x, axis, keepdims), x.sum(axis=axis, keepdims=keepdims)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+
+
+def test_sum_leaves_other_axes_and_layouts_to_numpy():
+    x = np.arange(12.0).reshape(3, 4)
+    for args in [(x, 1, False), (x, None, False), (x, (0, 1), True), (x.T, 0, False),
+                 (x.astype(int), 0, False), (x[None], 0, False)]:
+        got, want = cpu.KERNELS["sum"](*args), args[0].sum(axis=args[1], keepdims=args[2])
+        assert np.shape(got) == np.shape(want)
+        np.testing.assert_array_equal(got, want)
 
 
 def test_add_bias_leaves_what_it_does_not_handle_to_numpy():
