@@ -74,6 +74,10 @@ def _start_threads() -> None:
 _start_threads()
 threads.apply_to_numba()                 # a count set with ta.set_num_threads before now
 
+# The dtypes a kernel's fast path compiles for: float32 and float64 in native byte order (a
+# dtype such as '>f4' compares unequal to these and goes to numpy).
+FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
 # fastmath without 'nnan'/'ninf': masked scores are -inf and the kernels test for it.
 # 'reassoc' lets LLVM vectorise the row sums; 'afn' the polynomial.
 FAST = {"nsz", "arcp", "contract", "afn", "reassoc"}

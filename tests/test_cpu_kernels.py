@@ -186,6 +186,36 @@ def test_add_bias_to_rows_equals_numpy_bit_for_bit(lead, n, dtype, seed):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("rows", [1, 3, 7, 50])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_layer_norm_blocks_of_rows_equal_the_serial_kernels_bit_for_bit(rows, dtype):
+    """The parallel kernels split the rows into blocks, one a thread, as many as asked (more
+    than rows included: empty blocks); every output equals the serial kernels' bits, so no
+    result depends on the thread count."""
+    norm = cpu.norm
+    rng = np.random.default_rng(rows)
+    x, dy = (rng.normal(size=(rows, 33)).astype(dtype) for _ in range(2))
+    weight, bias = rng.normal(size=33).astype(dtype), rng.normal(size=33).astype(dtype)
+
+    def forward(kernel, *count):
+        y, mean, rstd = np.empty_like(x), np.empty(rows, dtype), np.empty(rows, dtype)
+        kernel(x, weight, bias, 1e-5, y, mean, rstd, *count)
+        return y, mean, rstd
+
+    def backward(kernel, *count):
+        dx, dweight, dbias = np.empty_like(x), np.zeros(33, dtype), np.zeros(33, dtype)
+        kernel(dy, x, want[1], want[2], weight, dx, dweight, dbias, *count)
+        return dx, dweight, dbias
+
+    want = forward(norm._layer_norm_rows)
+    want_back = backward(norm._layer_norm_back_rows)
+    for count in range(1, 9):
+        for got, expected in zip(forward(norm._layer_norm_parallel, count) +
+                                 backward(norm._layer_norm_back_parallel, count), want + want_back,
+                                 strict=True):
+            np.testing.assert_array_equal(got, expected, err_msg=f"{count} blocks")
+
+
 @example(rows=700, cols=1, keepdims=False, dtype=np.float32, seed=1)       # numpy's pairwise sum
 @given(rows=st.integers(0, 700), cols=st.integers(0, 40), keepdims=st.booleans(),
        dtype=st.sampled_from([np.float32, np.float64]), seed=st.integers(0, 2**32 - 1))
@@ -201,15 +231,16 @@ def test_sum_over_rows_equals_numpy_bit_for_bit(rows, cols, keepdims, dtype, see
 def test_sum_leaves_other_axes_and_layouts_to_numpy():
     x = np.arange(12.0).reshape(3, 4)
     for args in [(x, 1, False), (x, None, False), (x, (0, 1), True), (x.T, 0, False),
-                 (x.astype(int), 0, False), (x[None], 0, False)]:
+                 (x.astype(int), 0, False), (x[None], 0, False), (x.astype(np.float16), 0, False),
+                 (x.astype(">f8"), 0, False)]:
         got, want = cpu.KERNELS["sum"](*args), args[0].sum(axis=args[1], keepdims=args[2])
         assert np.shape(got) == np.shape(want)
         np.testing.assert_array_equal(got, want)
 
 
 def test_add_bias_leaves_what_it_does_not_handle_to_numpy():
-    """Overlapping memory, another layout or dtype, a broadcast other than along rows, and a
-    read-only array: numpy's results, and numpy's error."""
+    """Overlapping memory, another layout or dtype (float16, big-endian), a broadcast other
+    than along rows, and a read-only array: numpy's results, and numpy's error."""
     add_ = cpu.KERNELS["add_"]
     a = np.arange(12.0).reshape(3, 4)
     want = a + a[0].copy()
@@ -219,6 +250,8 @@ def test_add_bias_leaves_what_it_does_not_handle_to_numpy():
     a32 = np.ones((2, 3), np.float32)
     np.testing.assert_array_equal(add_(a32, np.full(3, 0.5)), np.full((2, 3), 1.5, np.float32))
     np.testing.assert_array_equal(add_(np.ones((2, 3)), np.ones((2, 1))), np.full((2, 3), 2.0))
+    for dtype in (np.float16, ">f4"):                 # dtypes the loop is not compiled for
+        np.testing.assert_array_equal(add_(np.ones((2, 3), dtype), np.ones(3, dtype)), np.full((2, 3), 2.0))
     frozen = np.ones((2, 3))
     frozen.flags.writeable = False
     with pytest.raises(ValueError, match="read-only"):

@@ -1,15 +1,17 @@
 """Layer normalisation as one kernel over rows instead of six array-wide numpy passes with a
-temporary each: per row, the forward's mean and variance and the output, the backward's two
-row sums and dx with the weight's and bias's gradients (column sums) in the same sweep.
+temporary each: per row, the forward's mean and variance and the output; the backward's two
+row sums and dx, then the weight's and bias's gradients (column sums) in one serial sweep.
 
 The row sums run in float64 with reassociation allowed, so they vectorise (a strict
 left-to-right sum is one dependent add per entry: 2x slower); the elementwise passes run in
 the array's dtype from the mean and rstd as stored, as the reference's numpy passes do and
-the backward reads them.  A row's loops are written out inside the loop over the rows: in a
-helper called once a row, as they were, the forward took 3x as long ((640, 128) float32, one
-thread: 56 against 18 us; the backward 34 against 22).  An absent weight or bias is passed as
-ones or zeros (v * 1 + 0 is v), so the loops have no branches.  Large inputs split their rows
-into one block per thread, each block the serial kernel's."""
+the backward reads them (2x faster than the same pass in float64).  A row's loops are written
+out inside the loop over the rows: in a helper called once a row, as they were, the same
+loops took 1.9-3.5x as long ((640, 128) float32, one thread; Numba inlining the helper did
+not help).  An absent weight or bias is passed as ones or zeros (v * 1 + 0 is v), so the
+loops have no branches.  Large inputs split their rows into one block a thread, each block
+the serial kernel's rows, and the column sums take the same serial sweep: every output has
+the serial kernels' bits at any thread count."""
 
 from __future__ import annotations
 
@@ -21,11 +23,13 @@ from numba import njit, prange
 
 from ..numba_support import FAST, cast_like
 
-# Rows run in parallel only from this many entries.  Alone, right after a two-thread product,
-# the parallel kernels were a little faster at (640, 128) (156 against 173 us forward and
-# backward) and no faster from (2048, 256) on; but inside a Transformer training step at two
-# threads, where they alternate with products, the serial ones made the step ~1 ms (2%)
-# faster (bench/transformer.py's model, same-process A/B, two runs of 15).
+# Rows run in parallel only from this many entries.  Measured with the kernels before their
+# loops moved inline (2026-11-29), which took ~3x as long: alone, right after a two-thread
+# product, the parallel kernels were a little faster at (640, 128) (156 against 173 us forward
+# and backward) and no faster from (2048, 256) on; but inside a Transformer training step at
+# two threads, where they alternate with products, the serial ones made the step ~1 ms (2%)
+# faster (bench/transformer.py's model, same-process A/B, two runs of 15).  At (8192, 256),
+# now, two threads take 0.32 against 0.36 ms forward, 0.69 against 0.79 backward.
 PARALLEL_MIN = 1 << 20
 
 
@@ -49,9 +53,8 @@ def _layer_norm_rows(x, weight, bias, eps, y, mean, rstd):
 
 
 @njit(cache=True, fastmath=FAST, nogil=True)
-def _layer_norm_back_rows(dy, x, mean, rstd, weight, dx, dweight, dbias):
-    """dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy weight, and the column sums
-    dweight += dy xhat, dbias += dy."""
+def _layer_norm_dx(dy, x, mean, rstd, weight, dx):
+    """dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy weight, row by row."""
     n = x.shape[1]
     for r in range(x.shape[0]):
         g_row, x_row, out = dy[r], x[r], dx[r]
@@ -63,34 +66,43 @@ def _layer_norm_back_rows(dy, x, mean, rstd, weight, dx, dweight, dbias):
             sum_gx += g * ((x_row[j] - m) * s)
         mean_g, mean_gx = cast_like(m, sum_g / n), cast_like(m, sum_gx / n)
         for j in range(n):
-            xhat = (x_row[j] - m) * s
-            out[j] = s * (g_row[j] * weight[j] - mean_g - xhat * mean_gx)
-            dweight[j] += g_row[j] * xhat
-            dbias[j] += g_row[j]
+            out[j] = s * (g_row[j] * weight[j] - mean_g - (x_row[j] - m) * s * mean_gx)
+
+
+@njit(cache=True, fastmath=FAST, nogil=True)
+def _affine_grads(dy, x, mean, rstd, dweight, dbias):
+    """The column sums dweight += dy xhat, dbias += dy, row after row (contiguous, so the inner
+    loop vectorises), in the arrays' dtype as numpy's sum is: one serial sweep whether dx's
+    rows ran serially or in parallel, so the sums do not depend on the thread count."""
+    for r in range(x.shape[0]):
+        m, s = mean[r], rstd[r]
+        for j in range(x.shape[1]):
+            dweight[j] += dy[r, j] * ((x[r, j] - m) * s)
+            dbias[j] += dy[r, j]
+
+
+@njit(cache=True, nogil=True)
+def _layer_norm_back_rows(dy, x, mean, rstd, weight, dx, dweight, dbias):
+    _layer_norm_dx(dy, x, mean, rstd, weight, dx)
+    _affine_grads(dy, x, mean, rstd, dweight, dbias)
 
 
 @njit(cache=True, parallel=True)
 def _layer_norm_parallel(x, weight, bias, eps, y, mean, rstd, count):
-    size = (x.shape[0] + count - 1) // count          # count blocks of rows, the last shorter
+    """``count`` blocks of rows, as even as they divide, one a thread."""
+    rows = x.shape[0]
     for b in prange(count):
-        lo, hi = b * size, min((b + 1) * size, x.shape[0])
+        lo, hi = b * rows // count, (b + 1) * rows // count
         _layer_norm_rows(x[lo:hi], weight, bias, eps, y[lo:hi], mean[lo:hi], rstd[lo:hi])
 
 
 @njit(cache=True, parallel=True)
 def _layer_norm_back_parallel(dy, x, mean, rstd, weight, dx, dweight, dbias, count):
-    """Each block adds its column sums into a row of its own; the rows are summed after."""
-    size = (x.shape[0] + count - 1) // count
-    partial_w = np.zeros((count, x.shape[1]), dx.dtype)
-    partial_b = np.zeros((count, x.shape[1]), dx.dtype)
+    rows = x.shape[0]
     for b in prange(count):
-        lo, hi = b * size, min((b + 1) * size, x.shape[0])
-        _layer_norm_back_rows(dy[lo:hi], x[lo:hi], mean[lo:hi], rstd[lo:hi], weight, dx[lo:hi],
-                              partial_w[b], partial_b[b])
-    for b in range(count):
-        for j in range(x.shape[1]):
-            dweight[j] += partial_w[b, j]
-            dbias[j] += partial_b[b, j]
+        lo, hi = b * rows // count, (b + 1) * rows // count
+        _layer_norm_dx(dy[lo:hi], x[lo:hi], mean[lo:hi], rstd[lo:hi], weight, dx[lo:hi])
+    _affine_grads(dy, x, mean, rstd, dweight, dbias)
 
 
 def _blocks(x) -> int:
