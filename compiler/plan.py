@@ -133,11 +133,12 @@ class _Names:
     def target(self, outs) -> str | None:
         """What a call's result is assigned to: an external returned as it is (an in-place
         kernel on a parameter, ``asarray`` of a host array) is bound by identity, never
-        reassigned, so it becomes ``_``; None when nothing needs assigning."""
+        reassigned, so it becomes ``_``, as does a None among a kernel's results (a layer
+        norm's weight gradient when it has no weight); None when nothing needs assigning."""
         if outs is None or self._external(outs):
             return None
         if type(outs) in (list, tuple):
-            parts = ["_" if self._external(o) else self.value(o) for o in outs]
+            parts = ["_" if o is None or self._external(o) else self.value(o) for o in outs]
             return f"({', '.join(parts)},)" if len(parts) == 1 else f"({', '.join(parts)})"
         return self.value(outs)
 
@@ -203,6 +204,10 @@ def build_plan(recorder: Recorder, *, name: str, title: str, inputs: list[tuple[
                                 keep={s.index for s in returns})
     entries, renamed = peepholes(recorder, entries, keep)
     returns = [renamed.get(s.index, s) for s in returns]
+    if device == "cpu" and "add_layer_norm" in resolve(device).table():
+        from .fuse_norm import fuse_add_norms
+
+        entries = fuse_add_norms(recorder, entries, keep | {s.index for s in returns}, device)
     keep |= {s.index for s in returns}             # a buffer handed over lives to the return
     dead = _last_uses(entries, keep)
 
