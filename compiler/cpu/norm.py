@@ -34,9 +34,9 @@ PARALLEL_MIN = 1 << 20
 
 
 @njit(cache=True, fastmath=FAST, nogil=True)
-def _layer_norm_rows(x, weight, bias, eps, y, mean, rstd):
+def _layer_norm_rows(x, weight, bias, eps, y, mean, rstd, start, stop):
     n = x.shape[1]
-    for r in range(x.shape[0]):
+    for r in range(start, stop):
         row, out = x[r], y[r]
         total = 0.0
         for j in range(n):
@@ -53,10 +53,10 @@ def _layer_norm_rows(x, weight, bias, eps, y, mean, rstd):
 
 
 @njit(cache=True, fastmath=FAST, nogil=True)
-def _layer_norm_dx(dy, x, mean, rstd, weight, dx):
-    """dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy weight, row by row."""
+def _layer_norm_dx(dy, x, mean, rstd, weight, dx, start, stop):
+    """dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy weight, rows start .. stop."""
     n = x.shape[1]
-    for r in range(x.shape[0]):
+    for r in range(start, stop):
         g_row, x_row, out = dy[r], x[r], dx[r]
         m, s = mean[r], rstd[r]
         sum_g, sum_gx = 0.0, 0.0
@@ -83,25 +83,25 @@ def _affine_grads(dy, x, mean, rstd, dweight, dbias):
 
 @njit(cache=True, nogil=True)
 def _layer_norm_back_rows(dy, x, mean, rstd, weight, dx, dweight, dbias):
-    _layer_norm_dx(dy, x, mean, rstd, weight, dx)
+    _layer_norm_dx(dy, x, mean, rstd, weight, dx, 0, x.shape[0])
     _affine_grads(dy, x, mean, rstd, dweight, dbias)
 
 
 @njit(cache=True, parallel=True)
 def _layer_norm_parallel(x, weight, bias, eps, y, mean, rstd, count):
-    """``count`` blocks of rows, as even as they divide, one a thread."""
+    """``count`` blocks of rows, as even as they divide, one a thread; each block runs the
+    serial kernel on the whole arrays (not slices of them, which Numba would compile apart,
+    their sums vectorised another way), so every row gets the serial kernel's bits."""
     rows = x.shape[0]
     for b in prange(count):
-        lo, hi = b * rows // count, (b + 1) * rows // count
-        _layer_norm_rows(x[lo:hi], weight, bias, eps, y[lo:hi], mean[lo:hi], rstd[lo:hi])
+        _layer_norm_rows(x, weight, bias, eps, y, mean, rstd, b * rows // count, (b + 1) * rows // count)
 
 
 @njit(cache=True, parallel=True)
 def _layer_norm_back_parallel(dy, x, mean, rstd, weight, dx, dweight, dbias, count):
     rows = x.shape[0]
     for b in prange(count):
-        lo, hi = b * rows // count, (b + 1) * rows // count
-        _layer_norm_dx(dy[lo:hi], x[lo:hi], mean[lo:hi], rstd[lo:hi], weight, dx[lo:hi])
+        _layer_norm_dx(dy, x, mean, rstd, weight, dx, b * rows // count, (b + 1) * rows // count)
     _affine_grads(dy, x, mean, rstd, dweight, dbias)
 
 
@@ -134,7 +134,7 @@ def layer_norm(x, weight, bias, eps):
         if x.size >= PARALLEL_MIN:
             _layer_norm_parallel(*args, _blocks(x))
         else:
-            _layer_norm_rows(*args)
+            _layer_norm_rows(*args, 0, x.shape[0])
     else:
         mean[:], rstd[:] = np.nan, np.nan         # the mean of nothing, as numpy's
     return y, mean, rstd
