@@ -212,7 +212,7 @@ CPU_KERNELS = ("softmax", "softmax_back", "log_softmax", "log_softmax_back", "ma
                "additive_scores_back", "sdpa", "sdpa_back", "sdpa_weights", "sdpa_prefix", "layer_norm",
                "layer_norm_back",
                "gru_gates", "gru_gates_back", "lstm_cell_state", "lstm_cell_state_back",
-               "lstm_hidden", "lstm_hidden_back", "adam_", "add_", "sum", "add_layer_norm")
+               "lstm_hidden", "lstm_hidden_back", "adam_", "add_", "sum")
 
 
 def _load_cpu_kernels(name: str) -> Callable:

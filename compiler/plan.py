@@ -204,10 +204,6 @@ def build_plan(recorder: Recorder, *, name: str, title: str, inputs: list[tuple[
                                 keep={s.index for s in returns})
     entries, renamed = peepholes(recorder, entries, keep)
     returns = [renamed.get(s.index, s) for s in returns]
-    if device == "cpu" and "add_layer_norm" in resolve(device).table():
-        from .fuse_norm import fuse_add_norms
-
-        entries = fuse_add_norms(recorder, entries, keep | {s.index for s in returns}, device)
     keep |= {s.index for s in returns}             # a buffer handed over lives to the return
     dead = _last_uses(entries, keep)
 

@@ -556,3 +556,27 @@ def test_threads_that_meet_a_new_signature_at_once_capture_one_plan():
         w.join()
     assert results == [36.0] * 4
     assert step.stats.plans == 1 and step.stats.captures == 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_kernel_result_of_none_is_assigned_away_in_the_plan(device):
+    """A weightless layer norm's backward kernel returns None for the weight's gradient: the
+    plan assigns it to ``_`` (it once wrote ``(t28, None, t29) = ...``, which does not compile)
+    and replays eager's bits."""
+    rng = np.random.default_rng(0)
+
+    def step(h, w):
+        loss = (F.linear(F.layer_norm(h, (5,)), w) ** 2).sum()
+        loss.backward()
+        return loss
+
+    compiled = ta.compile(step)
+    for _ in range(3):
+        h, w = rng.normal(size=(4, 5)), rng.normal(size=(3, 5))
+        got_leaves = [_tensor(a, device, grad=True) for a in (h, w)]
+        want_leaves = [_tensor(a, device, grad=True) for a in (h, w)]
+        got, want = compiled(*got_leaves), step(*want_leaves)
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+        _assert_same(_grads(got_leaves), _grads(want_leaves))
+    targets = [line.split(" = ")[0] for line in compiled.plans[0].source.splitlines() if " = " in line]
+    assert any(", _, " in t for t in targets) and not any("None" in t for t in targets)

@@ -217,11 +217,7 @@ def layer_norm(rng, dtype, shape):
     bias = rng.normal(size=cols).astype(dtype) if weight is not None and rng.random() < 0.7 else None
     _, mean, rstd = REFERENCE.layer_norm(x, weight, bias, 1e-5)
     dy = rng.normal(size=(rows, cols)).astype(dtype)
-    # a post-norm sublayer's end: a product, its Linear's bias, the residual (any shape of its size)
-    product, linear_bias = rng.normal(size=(rows, cols)).astype(dtype), rng.normal(size=cols).astype(dtype)
-    residual = x.reshape(rows, 1, cols) if rng.random() < 0.5 else x
-    return [("layer_norm", (x, weight, bias, 1e-5)), ("layer_norm_back", (dy, x, mean, rstd, weight)),
-            ("add_layer_norm", (product, linear_bias, residual, weight, bias, 1e-5))]
+    return [("layer_norm", (x, weight, bias, 1e-5)), ("layer_norm_back", (dy, x, mean, rstd, weight))]
 
 
 GENERATORS = [formula_kernels, softmax_family, losses, attention, additive, rnn_gates, layer_norm]

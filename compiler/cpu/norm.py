@@ -105,15 +105,6 @@ def _layer_norm_back_parallel(dy, x, mean, rstd, weight, dx, dweight, dbias, cou
     _affine_grads(dy, x, mean, rstd, dweight, dbias)
 
 
-@njit(cache=True, nogil=True)
-def _add_bias_residual(y, bias, residual, x):
-    """x = residual + (y + bias): ``add_``'s addition and then ``add``'s, in their order and
-    without fastmath, so the same bits."""
-    for r in range(y.shape[0]):
-        for j in range(y.shape[1]):
-            x[r, j] = residual[r, j] + (y[r, j] + bias[j])
-
-
 def _blocks(x) -> int:
     """Blocks of rows for the parallel kernels: one a thread of Numba's pool."""
     return max(1, min(numba.get_num_threads(), x.shape[0]))
@@ -154,15 +145,4 @@ def layer_norm_back(dy, x, mean, rstd, weight):
     return dx, (dweight if weight is not None else None), dbias
 
 
-def add_layer_norm(y, bias, residual, weight, norm_bias, eps):
-    """The reference's: layer_norm(residual + (y + bias)), a Linear's bias, a residual
-    connection and the norm after them as one call (compiler/fuse_norm.py); the sum comes
-    back first, then the norm's outputs."""
-    y = np.ascontiguousarray(y)
-    x = np.empty_like(y)
-    if x.size:
-        _add_bias_residual(y, np.ascontiguousarray(bias), np.ascontiguousarray(residual).reshape(y.shape), x)
-    return (x, *layer_norm(x, weight, norm_bias, eps))
-
-
-KERNELS = {"layer_norm": layer_norm, "layer_norm_back": layer_norm_back, "add_layer_norm": add_layer_norm}
+KERNELS = {"layer_norm": layer_norm, "layer_norm_back": layer_norm_back}

@@ -35,13 +35,4 @@ def layer_norm_back(dy, x, mean, rstd, weight):
 
 
 
-def add_layer_norm(y, bias, residual, weight, norm_bias, eps):
-    """layer_norm(residual + (y + bias)) with y (M, N), bias (N,) and residual of y's size:
-    the end of a post-norm Transformer sublayer (a Linear's bias, the residual connection,
-    the norm) as one call, which compiled plans on the "cpu" device make of those three
-    (compiler/fuse_norm.py).  Returns the sum x (M, N), then layer_norm's y, mean, rstd."""
-    x = residual.reshape(y.shape) + (y + bias)
-    return (x, *layer_norm(x, weight, norm_bias, eps))
-
-
-KERNELS = {"layer_norm": layer_norm, "layer_norm_back": layer_norm_back, "add_layer_norm": add_layer_norm}
+KERNELS = {"layer_norm": layer_norm, "layer_norm_back": layer_norm_back}
