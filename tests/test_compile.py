@@ -580,3 +580,23 @@ def test_a_kernel_result_of_none_is_assigned_away_in_the_plan(device):
         _assert_same(_grads(got_leaves), _grads(want_leaves))
     targets = [line.split(" = ")[0] for line in compiled.plans[0].source.splitlines() if " = " in line]
     assert any(", _, " in t for t in targets) and not any("None" in t for t in targets)
+
+
+def test_an_argument_named_underscore_keeps_its_own_name_in_the_plan():
+    """``_`` is the plan's target for results it never reads (a weightless layer norm's weight
+    gradient): an argument of that name is bound under another, and every replay reads it."""
+    rng = np.random.default_rng(1)
+
+    def step(_, w):
+        loss = (F.linear(F.layer_norm(F.layer_norm(_, (5,)), (5,)), w) ** 2).sum()
+        loss.backward()
+        return loss
+
+    compiled = ta.compile(step)
+    for _k in range(3):
+        x, w = rng.normal(size=(4, 5)), rng.normal(size=(3, 5))
+        got_leaves = [_tensor(a, "numpy", grad=True) for a in (x, w)]
+        want_leaves = [_tensor(a, "numpy", grad=True) for a in (x, w)]
+        np.testing.assert_array_equal(compiled(*got_leaves).numpy(), step(*want_leaves).numpy())
+        _assert_same(_grads(got_leaves), _grads(want_leaves))
+    assert "def step_plan_1(_, " not in compiled.plans[0].source

@@ -613,11 +613,12 @@ class Compiled:
             capture = _Capture(recorder, tensors, self.fuse)
             recorder.on_read = capture.on_read
             inputs = []
+            taken = {"_"}        # the plan assigns results it never reads to _: not an argument
             for name, t in zip(names, tensors, strict=True):
                 if recorder.slot_of(t._data) is not None:
                     raise CaptureError(f"ta.compile({self.fn.__qualname__}): argument {name!r} shares "
                                        f"its array with another argument; pass distinct tensors")
-                inputs.append((_identifier(name), recorder.input(t._data)))
+                inputs.append((_unique(_identifier(name), taken), recorder.input(t._data)))
             generator = _random.generator()
             with recording_all(recorder):
                 autograd.state.capture = capture

@@ -33,6 +33,4 @@ def layer_norm_back(dy, x, mean, rstd, weight):
     return dx, dweight, dy.sum(axis=0)
 
 
-
-
 KERNELS = {"layer_norm": layer_norm, "layer_norm_back": layer_norm_back}
