@@ -26,7 +26,9 @@ __all__ = ["KERNELS", "adam_scalars"]
 
 def adam_scalars(step: int, hyper) -> tuple[float, ...]:
     """(step_size, bias_correction2_sqrt, beta1, beta2, eps, weight_decay) for update number
-    ``step``, in Python floats: lr / (1 - beta1**step), (1 - beta2**step) ** 0.5."""
+    ``step``, in Python floats: lr / (1 - beta1**step), (1 - beta2**step) ** 0.5.  The cpu
+    kernel derives the same inside Numba (compiler/cpu/optim.py ``_adam_step``, held to these
+    bits by tests/test_optim_kernels.py): a change here is a change there."""
     lr, beta1, beta2, eps, weight_decay = (float(v) for v in hyper)
     return lr / (1.0 - beta1**step), (1.0 - beta2**step) ** 0.5, beta1, beta2, eps, weight_decay
 
