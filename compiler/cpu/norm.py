@@ -9,9 +9,10 @@ the backward reads them (2x faster than the same pass in float64).  A row's loop
 out inside the loop over the rows: in a helper called once a row, as they were, the same
 loops took 1.9-3.5x as long ((640, 128) float32, one thread; Numba inlining the helper did
 not help).  An absent weight or bias is passed as ones or zeros (v * 1 + 0 is v), so the
-loops have no branches.  Large inputs split their rows into one block a thread, each block
-the serial kernel's rows, and the column sums take the same serial sweep: every output has
-the serial kernels' bits at any thread count."""
+loops have no branches.  Large inputs split their rows into one block a thread and the
+column sums take one serial sweep after them: every output has the same bits at any thread
+count (the serial kernel's to rounding: Numba compiles the rows' loops inside the parallel
+kernel apart, and in some processes they summed another way)."""
 
 from __future__ import annotations
 
@@ -90,8 +91,8 @@ def _layer_norm_back_rows(dy, x, mean, rstd, weight, dx, dweight, dbias):
 @njit(cache=True, parallel=True)
 def _layer_norm_parallel(x, weight, bias, eps, y, mean, rstd, count):
     """``count`` blocks of rows, as even as they divide, one a thread; each block runs the
-    serial kernel on the whole arrays (not slices of them, which Numba would compile apart,
-    their sums vectorised another way), so every row gets the serial kernel's bits."""
+    serial kernel's rows on the whole arrays, so a row's bits do not depend on the block it
+    falls in."""
     rows = x.shape[0]
     for b in prange(count):
         _layer_norm_rows(x, weight, bias, eps, y, mean, rstd, b * rows // count, (b + 1) * rows // count)
