@@ -56,7 +56,6 @@ from .. import data
 from .. import random as ta_random
 from ..arguments import check_int, check_number
 from ..autograd import ShapeError, no_grad
-from ..compiler import reference
 
 __all__ = ["Decodable", "greedy", "sample", "beam_search", "log_softmax", "default_max_len",
            "check_source_lengths", "compiled_functions"]
@@ -112,9 +111,19 @@ class Hypothesis:
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """The log-softmax of the last axis in float64 (the reference kernel's: the row max
-    subtracted before exp), so that scores sum without float32 rounding."""
-    return reference.log_softmax(np.asarray(logits, dtype=np.float64), -1)
+    """The log-softmax of the last axis in float64, so that scores sum without float32
+    rounding: the reference kernel's steps (the row max subtracted before exp; a row of -inf
+    gives -inf) in the same order, so the same bits, on one copy worked in place (a decoding
+    step calls this on (N, V); the reference's temporaries took twice as long)."""
+    x = np.array(logits, dtype=np.float64)
+    m = np.maximum.reduce(x, axis=-1, keepdims=True)
+    finite = np.isfinite(m)
+    if not finite.all():
+        m = np.where(finite, m, 0)
+    np.subtract(x, m, out=x)
+    s = np.add.reduce(np.exp(x), axis=-1, keepdims=True)
+    np.subtract(x, np.log(np.where(s > 0, s, 1)), out=x)
+    return x
 
 
 # ---------------------------------------------------------------- greedy and sampling
@@ -215,7 +224,8 @@ def _one_path(model, src, limits, choose, min_length, ngram, hypotheses, options
     y = np.full(batch, START, dtype=np.int64)
     done = np.zeros(batch, dtype=bool)
     log_prob = np.zeros(batch)
-    produced = np.zeros((batch, 0), dtype=np.int64)
+    produced = np.zeros((batch, 0), dtype=np.int64)           # read by the n-gram rule only
+    rows = np.arange(batch)
     ids, weights = [], []
     for t in range(int(limits.max(initial=1))):
         log_probs, attention, state = model.decode_step(state, y, t)
@@ -224,10 +234,11 @@ def _one_path(model, src, limits, choose, min_length, ngram, hypotheses, options
         # ends here.
         done |= (t >= limits) | ~np.isfinite(allowed).any(axis=1)
         allowed[done] = 0.0                  # any finite row: what is chosen for it is dropped
-        y = np.where(done, PAD, choose(allowed)).astype(np.int64)
-        log_prob += np.where(done, 0.0, log_probs[np.arange(batch), y])
+        y = np.where(done, PAD, choose(allowed)).astype(np.int64, copy=False)
+        log_prob += np.where(done, 0.0, log_probs[rows, y])
         ids.append(y)
-        produced = np.concatenate([produced, y[:, None]], axis=1)
+        if ngram:
+            produced = np.concatenate([produced, y[:, None]], axis=1)
         if attention is not None:
             weights.append(np.where(done[:, None], 0.0, attention))
         done |= y == END
@@ -508,7 +519,7 @@ def _allowed(log_probs: np.ndarray, produced: np.ndarray, t: int, min_length: in
     """The log-probabilities a choice reads: a copy with every token that may not come next
     at -inf (never renormalised: a hypothesis' log-probability stays the model's)."""
     allowed = log_probs.copy()
-    allowed[:, [PAD, START]] = -np.inf
+    allowed[:, PAD] = allowed[:, START] = -np.inf
     if t < min_length:
         allowed[:, END] = -np.inf
     if ngram and t >= ngram - 1:
