@@ -40,7 +40,7 @@ def log_softmax(x, axis):
     m = np.where(np.isfinite(m), m, 0)
     shifted = x - m
     s = np.sum(np.exp(shifted), axis=axis, keepdims=True)
-    return shifted - np.log(np.where(s > 0, s, 1))
+    return np.subtract(shifted, np.log(np.where(s > 0, s, 1)), out=shifted)     # a fresh array
 
 
 def log_softmax_back(y, dy, axis):

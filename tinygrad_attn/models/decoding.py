@@ -56,6 +56,7 @@ from .. import data
 from .. import random as ta_random
 from ..arguments import check_int, check_number
 from ..autograd import ShapeError, no_grad
+from ..compiler import reference
 
 __all__ = ["Decodable", "greedy", "sample", "beam_search", "log_softmax", "default_max_len",
            "check_source_lengths", "compiled_functions"]
@@ -111,19 +112,9 @@ class Hypothesis:
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
-    """The log-softmax of the last axis in float64, so that scores sum without float32
-    rounding: the reference kernel's steps (the row max subtracted before exp; a row of -inf
-    gives -inf) in the same order, so the same bits, on one copy worked in place (a decoding
-    step calls this on (N, V); the reference's temporaries took twice as long)."""
-    x = np.array(logits, dtype=np.float64)
-    m = np.maximum.reduce(x, axis=-1, keepdims=True)
-    finite = np.isfinite(m)
-    if not finite.all():
-        m = np.where(finite, m, 0)
-    np.subtract(x, m, out=x)
-    s = np.add.reduce(np.exp(x), axis=-1, keepdims=True)
-    np.subtract(x, np.log(np.where(s > 0, s, 1)), out=x)
-    return x
+    """The log-softmax of the last axis in float64 (the reference kernel's: the row max
+    subtracted before exp), so that scores sum without float32 rounding."""
+    return reference.log_softmax(np.asarray(logits, dtype=np.float64), -1)
 
 
 # ---------------------------------------------------------------- greedy and sampling

@@ -380,7 +380,7 @@ class Transformer(TorchTwin, nn.Module):
         if weights is not None and not isinstance(weights, np.ndarray):
             weights = weights.numpy()
         attention = None
-        if weights is not None:        # the heads' mean: np.mean's two steps without its Python
+        if weights is not None:        # the heads' mean: np.mean's sum and division, its bits in float32/64
             attention = np.add.reduce(weights[:count, :, -1], axis=1) / weights.shape[1]      # (N, S)
         return log_probs, attention, state
 

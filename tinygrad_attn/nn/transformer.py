@@ -18,6 +18,7 @@ normalised x and adds to the un-normalised one: ``x = x + sublayer(norm(x))``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields
 
 from .. import functional as F
@@ -274,20 +275,23 @@ class DecoderCache:
     def tensors(self) -> tuple:
         """Its tensors (or None) in field order, ``slots`` left out: the arguments of a compiled
         step (``from_tensors`` inverts)."""
-        return tuple(getattr(self, name) for name in _CACHE_TENSORS)
+        return tuple(getattr(self, name) for name in _tensor_fields(type(self)))
 
     @classmethod
     def tensor_names(cls) -> tuple[str, ...]:
         """The fields ``tensors`` gives, in its order."""
-        return _CACHE_TENSORS
+        return _tensor_fields(cls)
 
     @classmethod
     def from_tensors(cls, tensors, slots: int | None = None) -> DecoderCache:
         return cls(**dict(zip(cls.tensor_names(), tensors, strict=True)), slots=slots)
 
 
-# Read once: a decoding step lists every layer's tensors, and ``fields`` took ~12 us a cache.
-_CACHE_TENSORS = tuple(f.name for f in fields(DecoderCache) if f.name != "slots")
+@functools.cache
+def _tensor_fields(cls: type) -> tuple[str, ...]:
+    # Read once a class: a decoding step lists every layer's tensors, and ``fields`` took
+    # ~12 us a cache.
+    return tuple(f.name for f in fields(cls) if f.name != "slots")
 
 
 def _clones(layer: Module, num_layers: int) -> ModuleList:
