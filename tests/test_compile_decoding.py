@@ -9,6 +9,8 @@ against the numpy device's masked attention.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -171,6 +173,14 @@ def test_a_preallocated_cache_is_marked_by_its_length_not_by_a_tensor_the_step_t
     assert all(x is None or isinstance(x, ta.Tensor) for x in static.tensors())
     again = ta.nn.DecoderCache.from_tensors(static.tensors(), slots=7)
     assert again.slots == 7 and again.keys is static.keys and again.linear2_weight is static.linear2_weight
+
+    @dataclasses.dataclass
+    class Tagged(ta.nn.DecoderCache):          # the field names are read once per class
+        tag: ta.Tensor | None = None
+
+    tagged = Tagged.from_tensors((*static.tensors(), static.keys), slots=7)
+    assert Tagged.tensor_names()[-1] == "tag" and tagged.tensors()[-1] is static.keys
+    assert len(ta.nn.DecoderCache.tensor_names()) == len(Tagged.tensor_names()) - 1
     with pytest.raises(TypeError, match="slots"):
         layer.cache(static.keys, static.values, static.memory_keys, static.memory_values,
                     ta.Tensor.arange(7, dtype="int64"))
