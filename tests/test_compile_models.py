@@ -11,6 +11,10 @@ kernels computed from each batch.  Equal parameters after 30 different batches m
 that nothing of the first batch was frozen into the plan and that the device paths give the
 host paths' bits."""
 
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -222,3 +226,43 @@ def test_compile_seq2seq_unpadded_batches_equal_eager_on_tensor_ids(cell):
         differ += not np.array_equal(p.numpy(), q.numpy())
     # The order does change bits for the LSTM (else this test would guard nothing there).
     assert bool(differ) == (cell == "lstm")
+
+
+def test_a_fresh_process_whose_first_step_is_compiled_gives_eager_bits():
+    """The first compiled step of a process builds kernels on their first calls during the
+    capture, and each build rebuilds the device's table of recording wrappers; a weight's
+    per-step gradients must still join into one product (DeferredGrad tells them apart by
+    kernel name), or the plan sums them step by step, other bits than eager's (a GRU
+    seq2seq differed by ~2e-6 after three steps).  Only a new interpreter has unbuilt kernels."""
+    script = textwrap.dedent("""
+        import numpy as np
+        import tinygrad_attn as ta
+
+        def make():
+            ta.manual_seed(0)
+            model = ta.models.Seq2Seq(12, 12, embed=8, hidden=16, cell="gru", attention="additive",
+                                      style="bahdanau")
+            return model, ta.optim.Adam(model.parameters(), lr=1e-2)
+
+        def step_of(model, optimizer):
+            def step(src, tgt_in, tgt_out):
+                optimizer.zero_grad()
+                loss = model.loss(src, tgt_in, tgt_out)
+                loss.backward()
+                optimizer.step()
+                return loss
+            return step
+
+        rng = np.random.default_rng(0)
+        src, tgt = ta.Tensor(rng.integers(3, 12, (4, 6))), rng.integers(3, 12, (4, 5))
+        batch = (src, ta.Tensor(tgt[:, :-1]), ta.Tensor(tgt[:, 1:]))
+        (compiled_model, compiled_opt), (eager_model, eager_opt) = make(), make()
+        compiled, eager = ta.compile(step_of(compiled_model, compiled_opt)), step_of(eager_model, eager_opt)
+        for _ in range(3):
+            compiled(*batch)                     # first: the capture, the process's first step
+            eager(*batch)
+        print(all(np.array_equal(a.numpy(), b.numpy())
+                  for a, b in zip(compiled_model.parameters(), eager_model.parameters(), strict=True)))
+    """)
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert run.stdout.split() == ["True"], run.stdout + run.stderr

@@ -426,6 +426,14 @@ class DeferredGrad:
     dG^T x and its bias's column sums of dG), so that rows both hold are stacked once: the
     second to be read takes the first's stacked array (a GRU's step stacks each dG once
     instead of twice, at (steps x batch, 3H) a copy of megabytes per layer and direction).
+
+    ``fn``: a kernel of ``backend`` by name ("matmul_tn"), looked up when the gradient is
+    computed, or a function.  Gradients of the same kind are told apart by that name, not by
+    the kernel's identity: a device's table is rebuilt whenever a kernel is built on its first
+    call, and during a capture that gives every kernel a new recording wrapper, so two steps'
+    gradients would hold different objects for one kernel and never join (a fresh process
+    whose first step was compiled summed per step, and the plan replayed that: other bits
+    than eager's).
     """
 
     __slots__ = ("backend", "fn", "shape", "args", "extras", "held", "limit", "partial", "stacks")
@@ -470,7 +478,8 @@ class DeferredGrad:
         """fn over the rows held; ``share``: through ``stacks`` (the final value only: a
         partial sum's rows are another gradient's only by chance, and kept for it they would
         undo the limit on rows held)."""
-        return self.fn(*[self._rows(rows, share) for rows in self.args], *self.extras)
+        fn = getattr(self.backend, self.fn) if type(self.fn) is str else self.fn
+        return fn(*[self._rows(rows, share) for rows in self.args], *self.extras)
 
     def _rows(self, rows: list, share: bool):
         if len(rows) == 1:

@@ -133,7 +133,7 @@ class AdditiveScores(Op):
         dq = kb.sum_to(kb.reshape(dq3, batch + q_shape[-2:]), q_shape)   # (..., T_q, A)
         dq2 = kb.reshape(dq, (s2.shape[0], q_shape[-1]))                 # (M, A)
         ds = kb.reshape(kb.matmul(dq2, W_q), s_shape) if need[0] else None
-        dW_q = DeferredGrad(kb, kb.matmul_tn, W_q.shape, (dq2, s2)) if need[1] else None   # (A, d_q)
+        dW_q = DeferredGrad(kb, "matmul_tn", W_q.shape, (dq2, s2)) if need[1] else None   # (A, d_q)
         dk = kb.sum_to(kb.reshape(dk3, batch + k_shape[-2:]), k_shape)
         return ds, dW_q, dk, dv
 

@@ -123,10 +123,10 @@ class Linear(Op):
         # The weight's and bias's: one GEMM (one sum) over every call's rows, when read.
         stacks: dict = {}                     # dy's rows stacked once for both
         need = self.needs_grad
-        dw = DeferredGrad(k, k.matmul_tn, weight.shape, (dy2, x2), (), stacks) if need[1] else None
+        dw = DeferredGrad(k, "matmul_tn", weight.shape, (dy2, x2), (), stacks) if need[1] else None
         grads = (dx, dw)
         if len(need) == 3:
-            db = DeferredGrad(k, k.sum, dy2.shape[1:], (dy2,), (0, False), stacks) if need[2] else None
+            db = DeferredGrad(k, "sum", dy2.shape[1:], (dy2,), (0, False), stacks) if need[2] else None
             grads += (db,)
         return grads
 

@@ -278,14 +278,14 @@ class GRUCell(Op):
         # step's dG stacked once for the weight and the bias (``stacks``).
         stacks: dict = {}
         if need[parts + 1]:
-            grads[parts + 1] = DeferredGrad(kb, kb.matmul_tn, w_ih.shape, (dgi, x2), (), stacks)   # (3H, I)
+            grads[parts + 1] = DeferredGrad(kb, "matmul_tn", w_ih.shape, (dgi, x2), (), stacks)   # (3H, I)
         if need[parts + 2]:
-            grads[parts + 2] = DeferredGrad(kb, kb.matmul_tn, w_hh.shape, (dgh, h_prev2), (), stacks)
+            grads[parts + 2] = DeferredGrad(kb, "matmul_tn", w_hh.shape, (dgh, h_prev2), (), stacks)
         if len(need) - (keep is not None) == parts + 5:          # biases (keep, if any, is last)
             if need[parts + 3]:
-                grads[parts + 3] = DeferredGrad(kb, kb.sum, dgi.shape[1:], (dgi,), (0, False), stacks)
+                grads[parts + 3] = DeferredGrad(kb, "sum", dgi.shape[1:], (dgi,), (0, False), stacks)
             if need[parts + 4]:
-                grads[parts + 4] = DeferredGrad(kb, kb.sum, dgh.shape[1:], (dgh,), (0, False), stacks)
+                grads[parts + 4] = DeferredGrad(kb, "sum", dgh.shape[1:], (dgh,), (0, False), stacks)
         return tuple(grads)
 
     def _backward_projected(self, dh):
@@ -301,9 +301,9 @@ class GRUCell(Op):
             grads[1] = _unrows(kb, kb.add_(kb.matmul(dgh, w_hh), dh_prev), state_shape)
         stacks: dict = {}                     # each step's dG stacked once for both
         if need[2]:
-            grads[2] = DeferredGrad(kb, kb.matmul_tn, w_hh.shape, (dgh, h_prev2), (), stacks)   # (3H, H)
+            grads[2] = DeferredGrad(kb, "matmul_tn", w_hh.shape, (dgh, h_prev2), (), stacks)   # (3H, H)
         if len(need) - (keep is not None) == 4 and need[3]:
-            grads[3] = DeferredGrad(kb, kb.sum, dgh.shape[1:], (dgh,), (0, False), stacks)
+            grads[3] = DeferredGrad(kb, "sum", dgh.shape[1:], (dgh,), (0, False), stacks)
         return tuple(grads)
 
     @classmethod
