@@ -18,7 +18,8 @@ buffer is freed as soon as the plan no longer needs it, as eager frees it when i
 dies.  The source is compiled under a readable file name registered with ``linecache``:
 tracebacks and ``inspect`` show the plan's lines.  Before the source is written, ``peepholes``
 drops the calls that provably change nothing (a same-shape ``sum_to`` or ``reshape``) and
-hands a dying buffer to the gradient that would have copied it.
+hands a dying buffer to the gradient that would have copied it, and ``fold.py`` computes the
+calls that read only constants once (backward's seed ``full((), 1.0)``), named ``f7``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .capture import Call, Const, Recorder, Slot, View, slot_indices
+from .fold import describe, fold_constants
 from .source import compile_source
 
 __all__ = ["Plan", "build_plan", "peepholes", "rebuild_view", "shape_no_op"]
@@ -61,6 +63,8 @@ class Plan:
         inputs, returns: the argument slots and the returned slots, in order.
         device: the device whose kernels go by their bare names; another device's kernel
             ``k`` is ``{device}_k`` in the source.
+        constants: the slots folded into arrays computed once (fold.py), which the source
+            reads as ``f<slot>`` and its header describes.
     """
 
     name: str
@@ -76,6 +80,7 @@ class Plan:
     inputs: tuple = ()
     returns: tuple = ()
     device: str = "cpu"
+    constants: tuple = ()
 
     @property
     def chains(self) -> list:
@@ -205,7 +210,14 @@ def build_plan(recorder: Recorder, *, name: str, title: str, inputs: list[tuple[
     entries, renamed = peepholes(recorder, entries, keep)
     returns = [renamed.get(s.index, s) for s in returns]
     keep |= {s.index for s in returns}             # a buffer handed over lives to the return
-    dead = _last_uses(entries, keep)
+    entries, values, folded = fold_constants(recorder, entries, keep,
+                                             lambda device, kernel: _kernel(device, kernel, resolve))
+    read = {s for entry in entries for s in _used(entry)}
+    constants = {index: value for index, value in values.items() if index in read}
+    for index, value in constants.items():         # globals of the plan, never deleted
+        names.given[index] = f"f{index}"
+        names.namespace[f"f{index}"] = value
+    dead = _last_uses(entries, keep | constants.keys())
 
     body: list[str] = []
     lines: list[int] = []                       # entry -> its line in body (0-based)
@@ -241,6 +253,8 @@ def build_plan(recorder: Recorder, *, name: str, title: str, inputs: list[tuple[
         names.namespace[names.slot(Slot(index))] = array
     header = [f"# ta.compile: {line}" for line in title.splitlines()]
     header.append(f"# {calls} kernel calls")
+    header += [f"# f{index} = {describe(index, folded, recorder)}: computed once, when the plan was built"
+               for index in sorted(constants)]
     params = ", ".join(arg for arg, _ in inputs)
     source = "\n".join([*header, f"def {name}({params}):", *body]) + "\n"
     namespace = names.namespace
@@ -250,7 +264,8 @@ def build_plan(recorder: Recorder, *, name: str, title: str, inputs: list[tuple[
     first = len(header) + 2                     # body line 0 is the source's line first
     return Plan(name, source, namespace[name], filename, externals, calls, namespace, tuple(entries),
                 tuple(first + n for n in lines), {s: names.slot(Slot(s)) for s in sorted(used)},
-                tuple(s.index for _, s in inputs), tuple(s.index for s in returns), device)
+                tuple(s.index for _, s in inputs), tuple(s.index for s in returns), device,
+                tuple(sorted(constants)))
 
 
 # ---------------------------------------------------------------- peepholes

@@ -76,7 +76,8 @@ def test_every_kernel_call_is_one_node_in_source_order():
         if node:
             labels[int(node.group(1)[1:])] = node.group(2)
     assert [labels[k] for k in sorted(labels)] == kernels
-    assert g.nodes == plan.calls + 2 + 1          # the calls, arguments a and b, the return
+    # The calls, arguments a and b, backward's seed (folded into a constant), the return.
+    assert plan.constants and g.nodes == plan.calls + 2 + len(plan.constants) + 1
     # The forward mul reads both arguments, drawn once each.
     mul = 1 + kernels.index("mul")
     into = {line.split(" -> ")[0].strip() for line in g.body if line.endswith(f" -> k{mul}\n")}
@@ -107,7 +108,7 @@ def test_a_fused_kernel_is_one_node_labelled_with_its_formula(fusing_compile):
     # Edges into the forward fused node say which leaf each argument is: a (xs_0) is x0, b x1.
     node = re.match(r"\s*(k\d+)", forward).group(1)
     assert f"\ta_xs_0 -> {node} [label=x0]\n" in g.body and f"\ta_xs_1 -> {node} [label=x1]\n" in g.body
-    assert g.nodes == step.plans[0].calls + 3
+    assert g.nodes == step.plans[0].calls + 3 + len(step.plans[0].constants)    # a, b, the return, seed
 
 
 def test_each_plan_labels_its_fused_kernel_with_its_own_parameters(fusing_compile):

@@ -21,7 +21,8 @@ between two ops (a scalar made for the next op) sits under the comment above it,
 reader of the source would place it.
 
 Node ids: ``k<n>`` for the n-th kernel call (1-based, as the header's count), ``a_<name>``
-for the plan's arguments, ``e_<name>`` for the arrays bound by identity, ``return``.
+for the plan's arguments, ``e_<name>`` for the arrays bound by identity and the constants
+folded when the plan was built (``f7``), ``return``.
 """
 
 from __future__ import annotations
@@ -185,7 +186,7 @@ class _PlanDrawing:
         name = self.plan.names[slot]
         if slot in self.plan.inputs:
             return f"a_{name}"
-        if slot in self.plan.externals:
+        if slot in self.plan.externals or slot in self.plan.constants:
             return f"e_{name}"
         return None
 

@@ -1,0 +1,143 @@
+"""Constant folding in plans (compiler/fold.py): calls that read only constants of the plan
+run once, when it is built.  Folded plans give the bits of the same plans built without
+folding, replay after replay, and a constant that a later call could write into, return or
+hand out as a view stays a call."""
+
+import numpy as np
+import pytest
+
+import tinygrad_attn as ta
+from tinygrad_attn.compiler import fold, get_backend
+from tinygrad_attn.compiler import plan as plan_module
+from tinygrad_attn.compiler.capture import Call, Recorder
+
+DEVICES = ["cpu", "numpy"]
+
+LOSSES = {
+    "tiny": lambda a, b: (a * b + a).sum(),
+    "sum of a leaf": lambda a, b: a.sum() + (a * b).sum(),
+    "mean": lambda a, b: (a.tanh() * b).mean(),
+    "rows": lambda a, b: (a.reshape(2, 3) * b.reshape(2, 3)).sum(axis=1).sum(),
+}
+
+
+def _no_folding(recorder, entries, keep, kernel):
+    return entries, {}, {}
+
+
+def _replays(fn, device, calls=3):
+    """(loss, gradients, gradients writeable) of each call on new leaves: the capture, then
+    replays; and the compiled step."""
+    step = ta.compile(lambda a, b: _backward(fn(a, b)))
+    rng = np.random.default_rng(1)
+    results = []
+    for _ in range(calls):
+        leaves = [ta.Tensor(rng.standard_normal(6), dtype="float64", device=device, requires_grad=True)
+                  for _ in range(2)]
+        loss = step(*leaves)
+        results.append((loss.numpy().copy(), [x.grad.numpy().copy() for x in leaves],
+                        [x.grad._data.flags.writeable for x in leaves]))
+        for x in leaves:                       # what an optimizer does to a gradient
+            x.grad._data *= 2.0
+    return results, step
+
+
+def _backward(loss):
+    loss.backward()
+    return loss
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_folded_plans_give_the_unfolded_plans_bits(name, device, monkeypatch):
+    folded, step = _replays(LOSSES[name], device)
+    (plan,) = step.plans
+    # Backward's seed, full((), 1.0) reshaped and broadcast: computed once, read by name.
+    assert plan.constants, plan.source
+    assert "full" not in [getattr(e, "kernel", None) for e in plan.entries]
+    for index in plan.constants:
+        assert f"# f{index} = " in plan.source and f"f{index}" in plan.names.values()
+    monkeypatch.setattr(plan_module, "fold_constants", _no_folding)
+    unfolded, step = _replays(LOSSES[name], device)
+    assert not step.plans[0].constants and "full" in [e.kernel for e in step.plans[0].entries]
+    for (loss, grads, writeable), (loss0, grads0, writeable0) in zip(folded, unfolded, strict=True):
+        assert loss.tobytes() == loss0.tobytes()
+        assert [g.tobytes() for g in grads] == [g.tobytes() for g in grads0]
+        assert writeable == writeable0
+
+
+# ---------------------------------------------------------------- what must stay a call
+
+
+def _recorder(*arrays):
+    recorder = Recorder()
+    slots = [recorder.add_slot(array, kind, kind != "out") for array, kind in arrays]
+    return recorder, slots
+
+
+def _kernel(device, name):
+    return get_backend(device).table()[name]
+
+
+def _seed(recorder, out, shape=(3,)):
+    """full((), 1.0) -> reshape (1,) -> broadcast_to ``shape`` into slots out[0..2]."""
+    dtype = recorder.constant(np.dtype("float64"))
+    return [Call("cpu", "full", ((), 1.0, dtype), {}, out[0]),
+            Call("cpu", "reshape", (out[0], (1,)), {}, out[1]),
+            Call("cpu", "broadcast_to", (out[1], shape), {}, out[2])]
+
+
+def _seed_arrays(shape=(3,)):
+    scalar = np.ones(())
+    return [(scalar, "out"), (scalar.reshape(1), "out"), (np.broadcast_to(scalar.reshape(1), shape), "out")]
+
+
+def test_a_constant_read_by_pure_calls_folds_whole():
+    recorder, (c0, c1, c2, x, y) = _recorder(*_seed_arrays(), (np.zeros(3), "input"), (np.ones(3), "out"))
+    entries = _seed(recorder, (c0, c1, c2)) + [Call("cpu", "add", (x, c2), {}, y)]
+    kept, values, calls = fold.fold_constants(recorder, entries, {x.index, y.index}, _kernel)
+    assert [e.kernel for e in kept] == ["add"]
+    assert set(values) == {c0.index, c1.index, c2.index}
+    np.testing.assert_array_equal(values[c2.index], np.ones(3))
+    described = fold.describe(c2.index, calls, recorder)
+    assert described == "broadcast_to(reshape(full((), 1.0, float64), (1,)), (3,))"
+
+
+def test_a_constant_written_in_place_stays_a_call():
+    # add_ gives its output its first argument's slot: the constant would change every replay.
+    scalar = np.zeros(3)
+    recorder, (c0, x) = _recorder((scalar, "out"), (np.ones(3), "input"))
+    dtype = recorder.constant(np.dtype("float64"))
+    entries = [Call("cpu", "full", ((3,), 0.0, dtype), {}, c0), Call("cpu", "add_", (c0, x), {}, c0)]
+    kept, values, _ = fold.fold_constants(recorder, entries, {x.index}, _kernel)
+    assert kept == entries and not values
+
+
+def test_a_constant_handed_on_as_a_view_stays_a_call():
+    base = np.zeros((2, 3))
+    recorder, (c0, row, x, y) = _recorder((base, "out"), (base[0], "out"), (np.ones(3), "input"),
+                                          (np.ones(3), "out"))
+    dtype = recorder.constant(np.dtype("float64"))
+    entries = [Call("cpu", "full", ((2, 3), 0.0, dtype), {}, c0),
+               Call("cpu", "getitem", (c0, 0), {}, row),                 # a view of the constant
+               Call("cpu", "add_", (row, x), {}, row)]                   # ... written into
+    kept, values, _ = fold.fold_constants(recorder, entries, {x.index, y.index}, _kernel)
+    assert kept == entries and not values
+
+
+def test_a_returned_constant_stays_a_call():
+    recorder, (c0, c1, c2) = _recorder(*_seed_arrays())
+    entries = _seed(recorder, (c0, c1, c2))
+    kept, values, _ = fold.fold_constants(recorder, entries, {c2.index}, _kernel)
+    # The returned broadcast stays a call (a caller may write into what it gets), and so does
+    # what it reads: it is a view of the reshape, a view of full's array, so folding them would
+    # hand every replay's caller the same memory.
+    assert kept == entries and not values
+
+
+def test_random_and_input_dependent_calls_never_fold():
+    recorder, (x, y) = _recorder((np.ones(3), "input"), (np.ones(3), "out"))
+    entries = [Call("cpu", "reshape", (x, (3,)), {}, y)]                   # reads an input
+    kept, values, _ = fold.fold_constants(recorder, entries, set(), _kernel)
+    assert kept == entries and not values
+    assert "dropout_multiplier" not in fold.FOLDABLE and fold.FOLDABLE == {"full", "reshape", "broadcast_to"}
