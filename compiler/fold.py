@@ -9,9 +9,11 @@ a kernel call each (~0.3 us: a third of a tiny step's replay); folded, they cost
 Only FOLDABLE kernels fold (deterministic, no state), and only on host arrays.  A constant
 is one array shared by every replay, so a value folds only where nothing can change it or
 hand it out: it is no result of the plan (a gradient returned would be accumulated into in
-place), no later call returns it or writes into it (an in-place kernel gives its output the
-argument's slot), and no later call's result shares its memory (a view that could be
-written or returned).  Anything in doubt stays a call, as recorded.
+place); no later call that may write into its arguments reads it (the in-place kernels,
+named with a trailing underscore: ``add_`` returns its argument, ``clip_`` and ``adam_``
+return nothing); no later call returns it or a result sharing its memory (a view that could
+be written or returned).  What shares memory with a constant kept as a call stays a call
+too.  Anything in doubt stays a call, as recorded.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from .capture import Call, Const, Recorder, Slot, View, slot_indices
 __all__ = ["FOLDABLE", "describe", "fold_constants"]
 
 FOLDABLE = frozenset({"full", "reshape", "broadcast_to"})
+HOST_DEVICES = frozenset({"cpu", "numpy"})           # whose arrays are numpy's
 
 
 def fold_constants(recorder: Recorder, entries: list, keep: set,
@@ -37,7 +40,8 @@ def fold_constants(recorder: Recorder, entries: list, keep: set,
     values: dict[int, np.ndarray] = {}
     producer: dict[int, int] = {}
     for i, entry in enumerate(entries):
-        if not (isinstance(entry, Call) and entry.kernel in FOLDABLE and type(entry.outs) is Slot):
+        if not (isinstance(entry, Call) and entry.kernel in FOLDABLE and type(entry.outs) is Slot
+                and entry.device in HOST_DEVICES):
             continue
         out = entry.outs.index
         reads = slot_indices(entry.args, []) + slot_indices(entry.kwargs, [])
@@ -53,7 +57,8 @@ def fold_constants(recorder: Recorder, entries: list, keep: set,
         unsafe = _unsafe(recorder, entries, values, producer)
         if not unsafe:
             break
-        for s in unsafe:
+        shared = {s for s in values for u in unsafe if _shares(recorder.arrays[s], recorder.arrays[u])}
+        for s in unsafe | shared:
             del values[s], producer[s]
     folded = set(producer.values())
     return ([e for i, e in enumerate(entries) if i not in folded], values,
@@ -66,8 +71,8 @@ def describe(slot: int, calls: dict, recorder: Recorder) -> str:
     def text(value) -> str:
         if type(value) is Slot:
             return describe(value.index, calls, recorder)
-        if type(value) is Const:
-            return str(recorder.constants[value.index])
+        if type(value) is Const:                    # one line: the plan's header holds it
+            return " ".join(str(recorder.constants[value.index]).split())
         if type(value) in (list, tuple):
             inner = ", ".join(text(v) for v in value)
             return f"({inner},)" if type(value) is tuple and len(value) == 1 else (
@@ -96,7 +101,8 @@ def _unsafe(recorder: Recorder, entries: list, values: dict, producer: dict) -> 
         outs = slot_indices(entry.outs, [])
         for s in reads & values.keys():
             constant = recorder.arrays[s]
-            if any(o == s or _shares(recorder.arrays[o], constant) for o in outs):
+            if entry.kernel.endswith("_") or any(o == s or _shares(recorder.arrays[o], constant)
+                                                 for o in outs):
                 unsafe.add(s)
     return unsafe
 

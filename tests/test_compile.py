@@ -582,6 +582,23 @@ def test_a_kernel_result_of_none_is_assigned_away_in_the_plan(device):
     assert any(", _, " in t for t in targets) and not any("None" in t for t in targets)
 
 
+@pytest.mark.parametrize("name", ["t3", "f6", "c0", "e2", "mul", "rebuild_view"])
+def test_an_argument_named_as_the_plans_own_values_or_kernels_is_renamed(name):
+    """A plan names its buffers t3, constants c0, bound arrays e2, folded constants f6, and
+    calls its kernels by name: an argument so named would hide them (a replay multiplied by
+    itself where it meant the folded seed, or called an array)."""
+    namespace: dict = {}
+    exec(f"def step(a, {name}):\n    loss = (a * {name}).sum()\n    loss.backward()\n    return loss",
+         namespace)
+    compiled = ta.compile(namespace["step"])
+    for k in range(3):
+        got, want = (_tensor(np.arange(3.0) + k, "cpu", grad=True) for _ in range(2))
+        b = _tensor(np.full(3, 5.0 + k), "cpu")
+        assert compiled(got, b).numpy() == namespace["step"](want, b).numpy()
+        np.testing.assert_array_equal(got.grad.numpy(), want.grad.numpy())
+    assert f"{name}_arg" in compiled.plans[0].source.splitlines()[3 + len(compiled.plans[0].constants)]
+
+
 def test_an_argument_named_underscore_keeps_its_own_name_in_the_plan():
     """``_`` is the plan's target for results it never reads (a weightless layer norm's weight
     gradient): an argument of that name is bound under another, and every replay reads it."""

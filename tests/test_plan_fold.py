@@ -141,3 +141,52 @@ def test_random_and_input_dependent_calls_never_fold():
     kept, values, _ = fold.fold_constants(recorder, entries, set(), _kernel)
     assert kept == entries and not values
     assert "dropout_multiplier" not in fold.FOLDABLE and fold.FOLDABLE == {"full", "reshape", "broadcast_to"}
+
+
+def test_a_constant_beside_a_view_written_in_place_stays_a_call():
+    # full -> c0; reshape(c0) -> c1; a row of c0 written by add_; then c1 read: c1 saw the
+    # write at the capture, so neither may be a value computed once.
+    base = np.zeros((2, 3))
+    recorder, (c0, c1, row, x, y) = _recorder((base, "out"), (base.reshape(6), "out"), (base[0], "out"),
+                                              (np.ones(3), "input"), (np.ones(6), "out"))
+    dtype = recorder.constant(np.dtype("float64"))
+    entries = [Call("cpu", "full", ((2, 3), 0.0, dtype), {}, c0),
+               Call("cpu", "reshape", (c0, (6,)), {}, c1),
+               Call("cpu", "getitem", (c0, 0), {}, row),
+               Call("cpu", "add_", (row, x), {}, row),
+               Call("cpu", "mul", (c1, c1), {}, y)]
+    kept, values, _ = fold.fold_constants(recorder, entries, {x.index, y.index}, _kernel)
+    assert kept == entries and not values
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradients_clipped_in_place_are_never_folded_constants(device, monkeypatch):
+    """clip_ and sgd_ write into their arguments and return nothing: a leaf's gradient that is
+    backward's seed itself (b.sum()) must stay a buffer of the replay, or clipping would scale
+    the shared seed at every step."""
+    def train(fold_on: bool):
+        if not fold_on:
+            monkeypatch.setattr(plan_module, "fold_constants", _no_folding)
+        b = ta.Tensor(np.zeros(3), dtype="float64", device=device, requires_grad=True)
+        w = ta.Tensor(np.ones(3), dtype="float64", device=device, requires_grad=True)
+        opt = ta.optim.SGD([b, w], lr=0.1)
+
+        def step(x):
+            loss = b.sum() + (x * w).sum()
+            loss.backward()
+            ta.nn.utils.clip_grad_norm_([b, w], 1.0)
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        compiled = ta.compile(step)
+        for k in range(5):
+            compiled(ta.Tensor(np.full(3, float(k)), dtype="float64", device=device))
+        monkeypatch.undo()
+        return b.numpy().copy(), w.numpy().copy(), compiled.plans[0]
+
+    b_folded, w_folded, plan = train(True)
+    b_plain, w_plain, _ = train(False)
+    assert b_folded.tobytes() == b_plain.tobytes() and w_folded.tobytes() == w_plain.tobytes()
+    for index in plan.constants:                      # the seed itself, still all ones
+        np.testing.assert_array_equal(plan.namespace[f"f{index}"], 1.0)

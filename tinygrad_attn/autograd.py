@@ -450,7 +450,8 @@ class DeferredGrad:
 
     def absorb(self, other: DeferredGrad) -> bool:
         """Take ``other``'s rows, if it is a gradient of the same kind; False if not."""
-        if other.fn != self.fn or other.extras != self.extras or other.shape != self.shape:
+        if (other.fn != self.fn or other.backend is not self.backend or other.extras != self.extras
+                or other.shape != self.shape):
             return False
         if self.held < 0:
             self.held = sum(a.size for rows in self.args for a in rows)

@@ -31,6 +31,7 @@ import gc
 import inspect
 import logging
 import os
+import re
 import threading
 import warnings
 from collections.abc import Callable
@@ -618,7 +619,7 @@ class Compiled:
                 if recorder.slot_of(t._data) is not None:
                     raise CaptureError(f"ta.compile({self.fn.__qualname__}): argument {name!r} shares "
                                        f"its array with another argument; pass distinct tensors")
-                inputs.append((_unique(_identifier(name), taken), recorder.input(t._data)))
+                inputs.append((_unique(_argument_name(name), taken), recorder.input(t._data)))
             generator = _random.generator()
             with recording_all(recorder):
                 autograd.state.capture = capture
@@ -700,6 +701,20 @@ def _leaf_name(leaf: _Leaf, inputs) -> str:
     if leaf.argument is not None:
         return inputs[leaf.argument][0]
     return leaf.tensor.name or "leaf"
+
+
+# The names a plan gives its own values (t12 a buffer, c3 a constant, e5 a bound array, f7 a
+# folded constant) and its helpers: an argument of such a name would hide them.
+_PLAN_NAME = re.compile(r"[tcef]\d+|rebuild_view|(numpy|cpu|cuda)_\w+|fused_\w+")
+
+
+def _argument_name(name: str) -> str:
+    """A plan's parameter for the argument ``name``: its name, unless the plan's own names or
+    a kernel's would be hidden by it (``def step(t3, f7)``, ``def step(x, mul)``)."""
+    text = _identifier(name)
+    if _PLAN_NAME.fullmatch(text) or text in get_backend("numpy").table():
+        text += "_arg"
+    return text
 
 
 def _identifier(text: str) -> str:
