@@ -140,7 +140,15 @@ def test_random_and_input_dependent_calls_never_fold():
     entries = [Call("cpu", "reshape", (x, (3,)), {}, y)]                   # reads an input
     kept, values, _ = fold.fold_constants(recorder, entries, set(), _kernel)
     assert kept == entries and not values
-    assert "dropout_multiplier" not in fold.FOLDABLE and fold.FOLDABLE == {"full", "reshape", "broadcast_to"}
+
+
+def test_dropout_draws_its_mask_at_every_replay():
+    # The multiplier's call reads no array, only the generator: it must stay a call.
+    step = ta.compile(lambda x: ta.functional.dropout(x, 0.5))
+    x = ta.Tensor(np.ones(64))
+    masks = [step(x).numpy().copy() for _ in range(3)]
+    assert "dropout_multiplier" in [getattr(e, "kernel", None) for e in step.plans[0].entries]
+    assert not np.array_equal(masks[1], masks[2])
 
 
 def test_a_constant_beside_a_view_written_in_place_stays_a_call():
