@@ -582,6 +582,40 @@ def test_a_kernel_result_of_none_is_assigned_away_in_the_plan(device):
     assert any(", _, " in t for t in targets) and not any("None" in t for t in targets)
 
 
+def test_a_replaced_layer_or_parameter_captures_again():
+    """A plan holds the tensors it captured: a layer replaced (``m.head = nn.Linear(...)``), a
+    Parameter replaced, or a ModuleList's entry replaced must not replay the old weights."""
+
+    class Model(ta.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = ta.nn.Linear(3, 2)
+            self.blocks = ta.nn.ModuleList([ta.nn.Linear(2, 2)])
+
+        def forward(self, x):
+            return self.blocks[0](self.head(x))
+
+    ta.manual_seed(0)
+    model = Model()
+    compiled = ta.compile(lambda x: model(x))
+    x = ta.Tensor(np.ones((1, 3)))
+
+    def check():
+        with ta.no_grad():
+            np.testing.assert_array_equal(compiled(x).numpy(), model(x).numpy())
+
+    check()
+    check()                                                       # a replay
+    model.head = ta.nn.Linear(3, 2)
+    check()
+    model.head.weight = ta.nn.Parameter(np.zeros((2, 3)))
+    check()
+    setattr(model.blocks, "0", ta.nn.Linear(2, 2))                # a ModuleList entry replaced
+    check()
+    check()
+    assert compiled.stats.captures == 4 and compiled.stats.replays == 2
+
+
 @pytest.mark.parametrize("name", ["t3", "f6", "c0", "e2", "mul", "rebuild_view"])
 def test_an_argument_named_as_the_plans_own_values_or_kernels_is_renamed(name):
     """A plan names its buffers t3, constants c0, bound arrays e2, folded constants f6, and

@@ -314,6 +314,26 @@ def _walk(value, path: tuple, depth: int, wanted: set):
         yield from _walk(item, (*path, ("item", key)), depth - 1, wanted)
 
 
+def _module_paths(modules) -> list:
+    """(module, path, object) for each parameter and child module of the modules whose forward
+    ran, and of the containers among their children (a ModuleList): a plan holds the tensors
+    it captured, so one replaced (``model.head = nn.Linear(...)``, a new Parameter) must make
+    the call capture again instead of replaying the old weights."""
+    found, seen, stack = [], set(), list(modules)
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        for name, value in (*module._parameters.items(), *module._modules.items()):
+            if name.isidentifier():
+                found.append((module, (("attr", name),), value))
+            elif name.isdigit():                       # a ModuleList's children, by position
+                found.append((module, (("item", int(name)),), value))
+        stack += [child for child in module._modules.values() if getattr(child, "forward", None) is None]
+    return found
+
+
 def _optimizer_paths(arrays: list) -> list:
     """(optimizer, path, array) for each of ``arrays`` that a live optimizer holds (its state,
     its settings): arrays the plan binds by identity that no tensor owns.  The optimizers
@@ -417,7 +437,8 @@ def _entry(plan, name: str, described: list[str], grad_ins: list, generator_slot
     for leaf, none in grad_guards:
         entry.guards.append(f"{entry.leaf(leaf)}._grad is {'not ' if none else ''}None")
     for holder, path, array in bound:
-        prefix = "param" if isinstance(holder, Tensor) else "optimizer"
+        prefix = "param" if isinstance(holder, Tensor) else "optimizer" if isinstance(holder, Optimizer) \
+            else "module"
         entry.guards.append(f"{entry.name(prefix, holder)}{_path_text(path)} is not "
                             f"{entry.name('array', array)}")
     for module, flag in modules:
@@ -683,6 +704,7 @@ class Compiled:
         if unowned:
             bound += _optimizer_paths(unowned)
         modules = list(capture.modules.values())
+        bound += _module_paths(module for module, _ in modules)
         grad_guards = [(leaf, leaf.expect_none) for leaf in capture.leaves.values()
                        if leaf.expect_none is not None]
         enter, entry_source = _entry(plan, f"enter_{name}", described, grad_ins, generator_slot, bound,
