@@ -616,6 +616,44 @@ def test_a_replaced_layer_or_parameter_captures_again():
     assert compiled.stats.captures == 4 and compiled.stats.replays == 2
 
 
+def test_a_parameter_frozen_or_unfrozen_captures_again():
+    """requires_grad_(False) on a parameter the plan reads: no gradient, as eager (the plan
+    computed and wrote one); and back."""
+    rng = np.random.default_rng(3)
+    w, b = (_tensor(rng.normal(size=3), "cpu", grad=True) for _ in range(2))
+    w2, b2 = (_tensor(t.numpy(), "cpu", grad=True) for t in (w, b))
+
+    def loss_of(p, q):
+        def step(x):
+            loss = ((x * p + q) ** 2).sum()
+            loss.backward()
+            return loss
+        return step
+
+    compiled, eager = ta.compile(loss_of(w, b)), loss_of(w2, b2)
+    for k in range(6):
+        w.grad = b.grad = w2.grad = b2.grad = None
+        if k in (2, 4):
+            w.requires_grad_(k == 4)
+            w2.requires_grad_(k == 4)
+        x = _tensor(rng.normal(size=3), "cpu")
+        assert compiled(x).numpy() == eager(x).numpy()
+        assert _grads([w, b]) and (w.grad is None) == (w2.grad is None)
+        for got, want in zip(_grads([w, b]), _grads([w2, b2]), strict=True):
+            assert (got is None and want is None) or np.array_equal(got, want)
+    assert compiled.stats.captures == 2 and len(compiled.plans) == 2      # frozen, then back to the first
+
+
+def test_static_values_that_compare_equal_but_differ_in_type_key_apart():
+    compiled = ta.compile(lambda x, k: x * k, static=("k",))
+    x = ta.Tensor(np.array([1, 2]), dtype="int64")
+    with ta.no_grad():
+        np.testing.assert_array_equal(compiled(x, 2).numpy(), [2, 4])
+        with pytest.raises(ta.DTypeError):             # int64 * 2.0, as eager refuses it
+            compiled(x, 2.0)
+    assert len({type(k) for k in (1, 1.0, True)}) == 3
+
+
 @pytest.mark.parametrize("name", ["t3", "f6", "c0", "e2", "mul", "rebuild_view"])
 def test_an_argument_named_as_the_plans_own_values_or_kernels_is_renamed(name):
     """A plan names its buffers t3, constants c0, bound arrays e2, folded constants f6, and

@@ -268,6 +268,7 @@ class _Plan:
     bound: list                           # (holder, path, array): path from holder reads array
     modules: list                         # (Module, training flag)
     grad_guards: list                     # (_Leaf, expect None)
+    requires: list = ()                   # (Tensor, requires_grad at the capture)
 
     @property
     def source(self) -> str:
@@ -283,6 +284,8 @@ class _Plan:
             return "guard: an array the plan reads was replaced"
         if any(bool(m.training) != flag for m, flag in self.modules):
             return "guard: a module's train/eval mode changed"
+        if any(bool(t.requires_grad) != flag for t, flag in self.requires):
+            return "guard: a tensor's requires_grad changed"
         return "guard: a gradient's None-ness at entry changed"
 
 
@@ -431,7 +434,8 @@ class _Entry:
 
 
 def _entry(plan, name: str, described: list[str], grad_ins: list, generator_slot, bound: list,
-           modules: list, grad_guards: list, grad_out: list, spec) -> tuple[Callable, str]:
+           modules: list, grad_guards: list, grad_out: list, spec,
+           requires: list = ()) -> tuple[Callable, str]:
     entry = _Entry(len(described))
     entry.namespace.update(plan=plan.fn, make=Tensor._make, generator=_random.generator)
     for leaf, none in grad_guards:
@@ -443,6 +447,8 @@ def _entry(plan, name: str, described: list[str], grad_ins: list, generator_slot
                             f"{entry.name('array', array)}")
     for module, flag in modules:
         entry.guards.append(f"{'not ' if flag else ''}{entry.name('module', module)}.training")
+    for owner, flag in requires:
+        entry.guards.append(f"{'not ' if flag else ''}{entry.name('param', owner)}.requires_grad")
     arrays = [f"{p}._data" for p in entry.params]
     arrays += [f"{entry.leaf(leaf)}._grad._data" for leaf in grad_ins]
     if generator_slot is not None:
@@ -513,7 +519,7 @@ class Compiled:
         statics = self._static_positions
         for position, value in enumerate(args):
             if position in statics:
-                key.append(value)
+                key.append((type(value), value))          # 1, 1.0 and True compare equal
             elif isinstance(value, Tensor):
                 data = value._data
                 key.append((data.shape, data.dtype, value.backend, value.requires_grad))
@@ -554,7 +560,7 @@ class Compiled:
         for position, (name, value) in enumerate(bound.arguments.items()):
             kind = parameters[name].kind
             if name in self._static or position in self._static:
-                key.append(("static", name, value))
+                key.append(("static", name, type(value), value))
             elif kind is inspect.Parameter.VAR_POSITIONAL:
                 bound.arguments[name] = tuple(argument(f"{name}_{k}", v) for k, v in enumerate(value))
             elif kind is inspect.Parameter.VAR_KEYWORD:
@@ -707,9 +713,11 @@ class Compiled:
         bound += _module_paths(module for module, _ in modules)
         grad_guards = [(leaf, leaf.expect_none) for leaf in capture.leaves.values()
                        if leaf.expect_none is not None]
+        # A tensor the plan reads but takes no gradient for, or the reverse, must stay so.
+        requires = [(t, bool(t.requires_grad)) for t in capture.owners.values()]
         enter, entry_source = _entry(plan, f"enter_{name}", described, grad_ins, generator_slot, bound,
-                                     modules, grad_guards, grad_out, spec)
-        return _Plan(plan, enter, entry_source, bound, modules, grad_guards)
+                                     modules, grad_guards, grad_out, spec, requires)
+        return _Plan(plan, enter, entry_source, bound, modules, grad_guards, requires)
 
 
 def _unique(name: str, taken: set, suffix=None) -> str:
