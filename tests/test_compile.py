@@ -462,7 +462,7 @@ def test_compile_optimizer_state_loaded_is_read_not_the_old_arrays(device):
         train_step(eager_model, optimizers[1], _tensor(x, device), ta.Tensor(y, device=device))
         for p, q in zip(compiled_model.parameters(), eager_model.parameters(), strict=True):
             np.testing.assert_array_equal(p.numpy(), q.numpy())
-    assert step.stats.reason == "guard: an array the plan reads was replaced"
+    assert step.stats.reason == "guard: an array, parameter or layer the plan reads was replaced"
     assert (step.stats.captures, step.stats.plans) == (3, 1)        # both old plans died
 
 
@@ -638,7 +638,7 @@ def test_a_parameter_frozen_or_unfrozen_captures_again():
             w2.requires_grad_(k == 4)
         x = _tensor(rng.normal(size=3), "cpu")
         assert compiled(x).numpy() == eager(x).numpy()
-        assert _grads([w, b]) and (w.grad is None) == (w2.grad is None)
+        assert (w.grad is None) == (w2.grad is None) == (k in (2, 3))
         for got, want in zip(_grads([w, b]), _grads([w2, b2]), strict=True):
             assert (got is None and want is None) or np.array_equal(got, want)
     assert compiled.stats.captures == 2 and len(compiled.plans) == 2      # frozen, then back to the first
@@ -651,7 +651,8 @@ def test_static_values_that_compare_equal_but_differ_in_type_key_apart():
         np.testing.assert_array_equal(compiled(x, 2).numpy(), [2, 4])
         with pytest.raises(ta.DTypeError):             # int64 * 2.0, as eager refuses it
             compiled(x, 2.0)
-    assert len({type(k) for k in (1, 1.0, True)}) == 3
+        np.testing.assert_array_equal(compiled(x, True).numpy(), (x * True).numpy())
+    assert len(compiled.plans) == 2                       # 2 and True; 2.0 failed in its capture
 
 
 @pytest.mark.parametrize("name", ["t3", "f6", "c0", "e2", "mul", "rebuild_view"])

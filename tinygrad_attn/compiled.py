@@ -265,7 +265,8 @@ class _Plan:
     plan: object                          # compiler.plan.Plan
     enter: Callable                       # enter(*argument tensors) -> fn's result, or _MISS
     entry_source: str                     # its text: the guards, the binding, the outputs
-    bound: list                           # (holder, path, array): path from holder reads array
+    bound: list                           # (holder, path, obj): path from holder reads obj (an
+                                          # array, or a module's parameter or child module)
     modules: list                         # (Module, training flag)
     grad_guards: list                     # (_Leaf, expect None)
     requires: list = ()                   # (Tensor, requires_grad at the capture)
@@ -281,7 +282,7 @@ class _Plan:
 
     def why_not(self) -> str:
         if not self.alive():
-            return "guard: an array the plan reads was replaced"
+            return "guard: an array, parameter or layer the plan reads was replaced"
         if any(bool(m.training) != flag for m, flag in self.modules):
             return "guard: a module's train/eval mode changed"
         if any(bool(t.requires_grad) != flag for t, flag in self.requires):
