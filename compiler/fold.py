@@ -6,6 +6,12 @@ loss's shape; a Transformer's embedding is scaled by ``full((), sqrt(d_model))``
 read no argument, parameter or random state, the same at every replay.  Replayed, they cost
 a kernel call each (~0.3 us: a third of a tiny step's replay); folded, they cost nothing.
 
+Tensors made inside the function from host data (``Tensor(np.triu(...))``, ``zeros``, a
+causal mask) are ``from_host`` calls on an external host array; when nothing but the plan
+holds that array (``held``: made inside the function and dropped), no one can change it and
+the copy folds too.  A host array someone else holds (a numpy operand the caller keeps and
+may change in place) stays a call: each replay copies its values then.
+
 Only FOLDABLE kernels fold (deterministic, no state), and only on host arrays.  A constant
 is one array shared by every replay, so a value folds only where nothing can change it or
 hand it out: it is no result of the plan (a gradient returned would be accumulated into in
@@ -18,25 +24,54 @@ too.  Anything in doubt stays a call, as recorded.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import numpy as np
 
 from .capture import Call, Const, Recorder, Slot, View, slot_indices
 
-__all__ = ["FOLDABLE", "describe", "fold_constants"]
+__all__ = ["FOLDABLE", "describe", "fold_constants", "held_by_plan_only"]
 
-FOLDABLE = frozenset({"full", "reshape", "broadcast_to"})
+FOLDABLE = frozenset({"full", "reshape", "broadcast_to", "from_host"})
 HOST_DEVICES = frozenset({"cpu", "numpy"})           # whose arrays are numpy's
 
 
-def fold_constants(recorder: Recorder, entries: list, keep: set,
-                   kernel: Callable[[str, str], Callable]) -> tuple[list, dict, dict]:
+def held_by_plan_only(recorder: Recorder) -> set[int]:
+    """The external host arrays nothing but ``recorder`` holds, nor the arrays they view:
+    made inside the captured function and dropped there, they cannot change later.  Read
+    from CPython's reference counts (the recorder's list, this frame's name, the call's
+    argument), exact for arrays, which no cycle holds."""
+    held = set()
+    for index, kind in enumerate(recorder.kinds):
+        array = recorder.arrays[index]
+        if kind != "external" or type(array) is not np.ndarray or sys.getrefcount(array) > 3:
+            continue
+        base = array.base                  # a view's base: held by the view and this name
+        while isinstance(base, np.ndarray) and sys.getrefcount(base) <= 3:
+            base = base.base
+        if base is None:
+            held.add(index)
+    return held
+
+
+def fold_constants(recorder: Recorder, entries: list, keep: set, kernel: Callable[[str, str], Callable],
+                   held: set = frozenset()) -> tuple[list, dict, dict]:
     """(``entries`` without the folded calls, slot index -> the constant array it holds,
     slot index -> the call that made it).
 
     ``keep``: slots the plan binds or returns (never folded); ``kernel(device, name)``: the
-    kernel itself, unrecorded, which computes each constant once."""
+    kernel itself, unrecorded, which computes each constant once; ``held``: external host
+    arrays only the plan holds (``held_by_plan_only``), constants where ``from_host`` alone
+    reads them."""
+    readers: dict[int, set] = {}
+    for entry in entries:
+        if isinstance(entry, Call):
+            for s in slot_indices(entry.args, []) + slot_indices(entry.kwargs, []):
+                readers.setdefault(s, set()).add(entry.kernel)
+        else:
+            readers.setdefault(entry.source.index, set()).add("view")
+    sources = {s for s in held if readers.get(s, set()) <= {"from_host"}}
     values: dict[int, np.ndarray] = {}
     producer: dict[int, int] = {}
     for i, entry in enumerate(entries):
@@ -45,7 +80,8 @@ def fold_constants(recorder: Recorder, entries: list, keep: set,
             continue
         out = entry.outs.index
         reads = slot_indices(entry.args, []) + slot_indices(entry.kwargs, [])
-        if out in keep or recorder.kinds[out] != "out" or any(s not in values for s in reads):
+        if out in keep or recorder.kinds[out] != "out" or any(
+                s not in values and not (s in sources and entry.kernel == "from_host") for s in reads):
             continue
         args = _bound(entry.args, values, recorder)
         kwargs = {k: _bound(v, values, recorder) for k, v in entry.kwargs.items()}
@@ -69,6 +105,11 @@ def describe(slot: int, calls: dict, recorder: Recorder) -> str:
     """A folded constant as the calls that made it, for the plan's header:
     ``broadcast_to(reshape(full((), 1.0, float64), (1,)), (3,))``."""
     def text(value) -> str:
+        if type(value) is Slot and value.index not in calls:      # a host array made in the function
+            array = recorder.arrays[value.index]
+            if array.size <= 8:
+                return " ".join(np.array2string(array, separator=", ").split())
+            return f"<host array {array.shape} {array.dtype}>"
         if type(value) is Slot:
             return describe(value.index, calls, recorder)
         if type(value) is Const:                    # one line: the plan's header holds it
@@ -113,7 +154,7 @@ def _shares(array, constant) -> bool:
 
 def _bound(value, values: dict, recorder: Recorder):
     if type(value) is Slot:
-        return values[value.index]
+        return values[value.index] if value.index in values else recorder.arrays[value.index]
     if type(value) is Const:
         return recorder.constants[value.index]
     if type(value) in (list, tuple):

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .capture import Call, Const, Recorder, Slot, View, slot_indices
-from .fold import describe, fold_constants
+from .fold import describe, fold_constants, held_by_plan_only
 from .source import compile_source
 
 __all__ = ["Plan", "build_plan", "peepholes", "rebuild_view", "shape_no_op"]
@@ -211,7 +211,8 @@ def build_plan(recorder: Recorder, *, name: str, title: str, inputs: list[tuple[
     returns = [renamed.get(s.index, s) for s in returns]
     keep |= {s.index for s in returns}             # a buffer handed over lives to the return
     entries, values, folded = fold_constants(recorder, entries, keep,
-                                             lambda device, kernel: _kernel(device, kernel, resolve))
+                                             lambda device, kernel: _kernel(device, kernel, resolve),
+                                             held_by_plan_only(recorder))
     read = {s for entry in entries for s in _used(entry)}
     constants = {index: value for index, value in values.items() if index in read}
     for index, value in constants.items():         # globals of the plan, never deleted

@@ -249,7 +249,9 @@ def arithmetic(rng, dtype, shape):
 def memory(rng, dtype, shape):
     x = rng.normal(size=shape).astype(dtype)
     other = np.float64 if dtype == np.float32 else np.float32
+    # from_host reads host data: a nested list stays on the host where arrays would move.
     return [("zeros", (shape, dtype)), ("full", (shape, 1.5, dtype)), ("full", ((), -np.inf, dtype)),
+            ("from_host", (x.tolist(), dtype)), ("from_host", ((x * 3).tolist(), np.int64)),
             ("copy", (x,)), ("astype", (x, other)), ("astype", (x * 3, np.int64)), ("astype", (x, np.bool_))]
 
 
@@ -321,7 +323,8 @@ def lookups(rng, dtype, shape):
 
 def losses_and_draws(rng, dtype, shape):
     """A mean loss's kept-row count and its divisor, the id guard on ids in range (it
-    returns None; ``fail`` must not be called) and dropout's multiplier from a fresh seed."""
+    returns None; ``fail`` must not be called), and dropout's multiplier and the random
+    tensors' draws from a fresh seed."""
     target = rng.integers(0, 3, size=shape)
     count = REFERENCE.count_ne(target, 0)
 
@@ -332,6 +335,7 @@ def losses_and_draws(rng, dtype, shape):
     return [("count_ne", (target, 0)), ("count_ne", (target, -(2**63))), ("clamp_divisor", (count, dtype)),
             ("clamp_divisor", (np.zeros((), np.int64), dtype)), ("guard_ids", (target, 3, None, fail)),
             ("guard_ids", (target - 1, 2, -1, fail)), ("dropout_multiplier", (seeded, shape, 0.25, dtype)),
+            ("random_normal", (seeded, shape, dtype)), ("random_uniform", (seeded, shape, dtype)),
             ("guard_finite", (rng.normal(size=shape).astype(dtype), fail))]
 
 

@@ -21,7 +21,7 @@ LOSSES = {
 }
 
 
-def _no_folding(recorder, entries, keep, kernel):
+def _no_folding(recorder, entries, keep, kernel, held=frozenset()):
     return entries, {}, {}
 
 

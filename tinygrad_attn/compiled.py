@@ -23,6 +23,11 @@ enters with ``using`` inside its body, stays the object the capture drew from.
 Nothing is silently frozen: reading a value computed from the inputs on the host while
 capturing (``item()``, ``numpy()``, ``float(t)``, ``bool(t)``, ``.data``) raises
 ``CaptureError`` naming the line, and a Python number argument must be declared static.
+Tensors made inside ``fn`` are kernel calls too: random draws (``Tensor.randn``) draw again
+at every replay, and host data (``Tensor(array)``, a numpy operand) is copied again, read as
+it is then (folded into a constant where only the plan holds the array).  Python itself is
+not replayed: values read from closures or attributes, and assignments to them, take effect
+at the capture only.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import inspect
 import logging
 import os
 import re
+import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -80,6 +86,8 @@ class _Leaf:
     argument: int | None          # the leaf is argument tensor k (a new object every call)
     expect_none: bool | None      # the guard on .grad at entry; None: never read before set
     grad_in: object = None        # the Slot of the gradient read at entry
+    shares: _Leaf | None = None   # a leaf whose .grad was this one's very tensor at entry
+    made: bool = False            # made inside the function: a new tensor at every call
 
 
 class _Capture:
@@ -96,6 +104,8 @@ class _Capture:
         self.owners: dict[int, Tensor] = {}       # external slot -> the tensor it is the array of
         self.leaves: dict[int, _Leaf] = {}
         self.modules: dict[int, tuple] = {}        # id -> (Module, its training flag when called)
+        self.sharers: dict[int, tuple] = {}        # id -> (tensor, k): it holds argument k's array
+        self.aliases: dict[int, tuple] = {}        # the sharers the function read
         self.backward_called = False
         self.retained = False
 
@@ -134,6 +144,8 @@ class _Capture:
             slot = recorder.external(t._data)
             if recorder.kinds[slot.index] == "external":
                 self.owners[slot.index] = t
+        elif id(t) in self.sharers:
+            self.aliases[id(t)] = self.sharers[id(t)]
         return slot
 
     def backward_of(self, node, chain=None) -> None:
@@ -207,8 +219,13 @@ class _Capture:
                 raise CaptureError(f"ta.compile: the gradient of a non-leaf tensor (retain_grad) is "
                                    f"used while capturing, at {_user_line()}; a plan writes only "
                                    f"leaves' gradients")
-            leaf = _Leaf(t, self.arguments.get(id(t)), (t._grad is None) if read else None)
+            made = self.recorder.slot_of(t._data)
+            leaf = _Leaf(t, self.arguments.get(id(t)), (t._grad is None) if read else None,
+                         made=made is not None and self.recorder.kinds[made.index] == "out")
             if read and t._grad is not None:
+                known = self.recorder.slot_of(t._grad._data)
+                leaf.shares = next((other for other in self.leaves.values()
+                                    if known is not None and other.grad_in == known), None)
                 leaf.grad_in = self.recorder.input(t._grad._data)
             self.leaves[id(t)] = leaf
         return leaf
@@ -270,6 +287,8 @@ class _Plan:
     modules: list                         # (Module, training flag)
     grad_guards: list                     # (_Leaf, expect None)
     requires: list = ()                   # (Tensor, requires_grad at the capture)
+    aliases: list = ()                    # (tensor, k): it held argument k's array at the capture
+    branches: list = ()                   # (optimizer, its branches() at the capture)
 
     @property
     def source(self) -> str:
@@ -287,6 +306,10 @@ class _Plan:
             return "guard: a module's train/eval mode changed"
         if any(bool(t.requires_grad) != flag for t, flag in self.requires):
             return "guard: a tensor's requires_grad changed"
+        if any(opt.branches() != value for opt, value in self.branches):
+            return "guard: an optimizer setting that chooses its update's kernels (momentum) changed"
+        if self.aliases or any(leaf.shares is not None for leaf, _ in self.grad_guards):
+            return "guard: a gradient's None-ness at entry, or an array shared at the capture, changed"
         return "guard: a gradient's None-ness at entry changed"
 
 
@@ -338,11 +361,41 @@ def _module_paths(modules) -> list:
     return found
 
 
+# The kernels that make a tensor's values from nothing the function computed.
+_CREATIONS = frozenset({"from_host", "random_normal", "random_uniform"})
+
+
+def _bind_made_parameters(capture: _Capture, paths: list) -> None:
+    """A tensor a module took while the capture ran (a layer making its parameters on its
+    first call) is bound by identity as the others are: made once, as eager code made it,
+    not again at every replay (where its updates and gradients would be lost)."""
+    recorder = capture.recorder
+    for _, _, value in paths:
+        slot = recorder.slot_of(value._data) if isinstance(value, Tensor) else None
+        if slot is None or recorder.kinds[slot.index] != "out":
+            continue
+        index = next((i for i, e in enumerate(recorder.entries)
+                      if isinstance(e, Call) and e.outs == slot), None)
+        if index is None or recorder.entries[index].kernel not in _CREATIONS:
+            raise CaptureError(f"ta.compile: a module took the tensor {value.name or tuple(value.shape)} "
+                               f"computed while capturing; the plan cannot keep it. Call the layer once "
+                               f"before compiling the function")
+        del recorder.entries[index]
+        recorder.kinds[slot.index] = "external"
+        capture.owners[slot.index] = value
+        leaf = capture.leaves.get(id(value))
+        if leaf is not None:
+            leaf.made = False
+
+
 def _optimizer_paths(arrays: list) -> list:
     """(optimizer, path, array) for each of ``arrays`` that a live optimizer holds (its state,
     its settings): arrays the plan binds by identity that no tensor owns.  The optimizers
     are found once per capture by their type among the live objects: any optimizer whose
-    update the plan recorded holds them, however the function reached it."""
+    update the plan recorded holds them, however the function reached it.  Their state's
+    None entries are held to None the same way (optimizer, path, None): a momentum buffer
+    made after the capture (``opt.momentum = 0.9``) takes another update than the one
+    recorded without it."""
     wanted = {id(a) for a in arrays}
     types, stack = set(), [Optimizer]
     while stack:
@@ -353,11 +406,18 @@ def _optimizer_paths(arrays: list) -> list:
     for obj in gc.get_objects():
         if type(obj) not in types:
             continue
+        count = len(found)
         for name, value in vars(obj).items():
             for path, array in _walk(value, (("attr", name),), 4, wanted):
                 if id(array) not in seen:
                     seen.add(id(array))
                     found.append((obj, path, array))
+        if len(found) > count:
+            for k, entry in enumerate(obj.state):
+                items = [((), entry)] if entry is None else [((("item", key),), value)
+                                                             for key, value in entry.items()]
+                found += [(obj, (("attr", "state"), ("item", k), *path), None)
+                          for path, value in items if value is None]
     return found
 
 
@@ -436,11 +496,23 @@ class _Entry:
 
 def _entry(plan, name: str, described: list[str], grad_ins: list, generator_slot, bound: list,
            modules: list, grad_guards: list, grad_out: list, spec,
-           requires: list = ()) -> tuple[Callable, str]:
+           requires: list = (), aliases: list = (), branches: list = ()) -> tuple[Callable, str]:
     entry = _Entry(len(described))
     entry.namespace.update(plan=plan.fn, make=Tensor._make, generator=_random.generator)
     for leaf, none in grad_guards:
         entry.guards.append(f"{entry.leaf(leaf)}._grad is {'not ' if none else ''}None")
+    for leaf in grad_ins:
+        # Two parameters whose gradient was one tensor at the capture: the plan reads it once.
+        if leaf.shares is not None:
+            entry.guards.append(f"{entry.leaf(leaf)}._grad._data is not "
+                                f"{entry.leaf(leaf.shares)}._grad._data")
+    for optimizer, value in branches:
+        entry.guards.append(f"{entry.name('optimizer', optimizer)}.branches() != "
+                            f"{entry.name('branches', value)}")
+    for sharer, k in aliases:
+        # A tensor that held an argument's array at the capture (``step(w.detach())``): the
+        # plan reads the argument for both.
+        entry.guards.append(f"{entry.name('param', sharer)}._data is not {entry.params[k]}._data")
     for holder, path, array in bound:
         prefix = "param" if isinstance(holder, Tensor) else "optimizer" if isinstance(holder, Optimizer) \
             else "module"
@@ -643,10 +715,11 @@ class Compiled:
             recorder.on_read = capture.on_read
             inputs = []
             taken = {"_"}        # the plan assigns results it never reads to _: not an argument
-            for name, t in zip(names, tensors, strict=True):
+            for k, (name, t) in enumerate(zip(names, tensors, strict=True)):
                 if recorder.slot_of(t._data) is not None:
                     raise CaptureError(f"ta.compile({self.fn.__qualname__}): argument {name!r} shares "
                                        f"its array with another argument; pass distinct tensors")
+                capture.sharers.update((id(other), (other, k)) for other in _sharers(t, tensors))
                 inputs.append((_unique(_argument_name(name), taken), recorder.input(t._data)))
             generator = _random.generator()
             with recording_all(recorder):
@@ -670,6 +743,9 @@ class Compiled:
         if capture.retained:
             raise CaptureError(f"ta.compile({self.fn.__qualname__}): backward(retain_graph=True) "
                                f"inside a compiled function is not supported")
+        modules = list(capture.modules.values())
+        module_paths = _module_paths(module for module, _ in modules)
+        _bind_made_parameters(capture, module_paths)
         grad_ins = [leaf for leaf in capture.leaves.values() if leaf.grad_in is not None]
         taken = {name for name, _ in inputs}
         for leaf in grad_ins:
@@ -681,6 +757,8 @@ class Compiled:
             inputs.append((_unique("generator", taken), generator_slot))
         grad_out, returns = [], list(outputs)
         for leaf in capture.leaves.values():
+            if leaf.made:
+                continue            # a tensor made inside fn is another one at every call
             final = leaf.tensor._grad
             if final is None:
                 grad_out.append((leaf, None))
@@ -710,15 +788,29 @@ class Compiled:
                    if kind == "external" and i not in capture.owners]
         if unowned:
             bound += _optimizer_paths(unowned)
-        modules = list(capture.modules.values())
-        bound += _module_paths(module for module, _ in modules)
+        bound += module_paths
         grad_guards = [(leaf, leaf.expect_none) for leaf in capture.leaves.values()
-                       if leaf.expect_none is not None]
+                       if leaf.expect_none is not None and not leaf.made]
         # A tensor the plan reads but takes no gradient for, or the reverse, must stay so.
         requires = [(t, bool(t.requires_grad)) for t in capture.owners.values()]
+        aliases = list(capture.aliases.values())
+        optimizers = {id(holder): holder for holder, _, _ in bound if isinstance(holder, Optimizer)}
+        branches = [(opt, opt.branches()) for opt in optimizers.values() if opt.branches()]
         enter, entry_source = _entry(plan, f"enter_{name}", described, grad_ins, generator_slot, bound,
-                                     modules, grad_guards, grad_out, spec, requires)
-        return _Plan(plan, enter, entry_source, bound, modules, grad_guards, requires)
+                                     modules, grad_guards, grad_out, spec, requires, aliases, branches)
+        return _Plan(plan, enter, entry_source, bound, modules, grad_guards, requires, aliases, branches)
+
+
+def _sharers(t: Tensor, arguments: list) -> list:
+    """The tensors other than the arguments that hold ``t``'s very array (``w`` for the
+    argument ``w.detach()``): a plan captured so reads the argument where the function read
+    them.  Looked for only when the array has holders besides ``t`` (CPython's reference
+    count: ``t`` and this call's argument), which a fresh batch never has."""
+    if sys.getrefcount(t._data) <= 2:
+        return []
+    skip = {id(a) for a in arguments}
+    return [other for other in gc.get_referrers(t._data)
+            if isinstance(other, Tensor) and id(other) not in skip and other._data is t._data]
 
 
 def _unique(name: str, taken: set, suffix=None) -> str:

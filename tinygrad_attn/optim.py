@@ -148,6 +148,12 @@ class Optimizer(ABC):
         """The settings ``state_dict`` saves, by constructor argument name."""
         return {"lr": self.lr}
 
+    def branches(self) -> tuple:
+        """The settings that choose which kernels ``step`` calls (not only what they read):
+        a compiled step replays its recorded calls only while these are unchanged.  The
+        settings the kernels read (lr, betas, ...) may change freely."""
+        return ()
+
     def _set_hyperparameters(self, lr) -> None:
         self.lr = lr
 
@@ -393,6 +399,10 @@ class SGD(Optimizer):
         self.lr = lr
         self.momentum, self.dampening = momentum, dampening
         self.weight_decay, self.nesterov = weight_decay, bool(nesterov)
+
+    def branches(self) -> tuple:
+        # With momentum on, a parameter without a buffer gets one at its next update.
+        return (self.momentum != 0.0,)
 
     def _init_state(self, p: Tensor) -> dict:
         # No buffer without momentum; torch's buffer starts as the first gradient, which the

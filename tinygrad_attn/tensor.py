@@ -120,7 +120,9 @@ class Tensor:
             raise DTypeError(f"Tensor: only float tensors can require grad, got {resolved} "
                              f"of shape {array.shape}")
         self.backend = get_backend(device)
-        self._data = self.backend.asarray(np.array(array, dtype=resolved, copy=True), resolved)
+        # A kernel, not a host copy: a compiled function's plan copies the data again at
+        # every replay (a numpy array the caller changes is read afresh).
+        self._data = self.backend.from_host(array, resolved)
         self._version = Version()
         self.requires_grad = bool(requires_grad)
         self._grad: Tensor | None = None
@@ -546,14 +548,26 @@ class Tensor:
 
     @staticmethod
     def randn(*shape, dtype=None, requires_grad=False, device="cpu") -> Tensor:
-        """Standard normal samples from the engine's generator (see ``ta.manual_seed``)."""
-        data = _random.generator().standard_normal(_shape(shape))
-        return Tensor(data, requires_grad, dtype, device)
+        """Standard normal samples from the engine's generator (see ``ta.manual_seed``); a
+        compiled function draws new ones at every call, as dropout does."""
+        return Tensor._draw("random_normal", _shape(shape), dtype, requires_grad, device)
 
     @staticmethod
     def rand(*shape, dtype=None, requires_grad=False, device="cpu") -> Tensor:
         """Uniform samples in [0, 1) from the engine's generator."""
-        return Tensor(_random.generator().random(_shape(shape)), requires_grad, dtype, device)
+        return Tensor._draw("random_uniform", _shape(shape), dtype, requires_grad, device)
+
+    @staticmethod
+    def _draw(kernel: str, shape: tuple, dtype, requires_grad: bool, device: str) -> Tensor:
+        # The draw is a kernel reading the generator (float64 samples in ``dtype``), so a
+        # captured plan makes it again at every replay instead of keeping one sample.
+        resolved = _resolve_dtype(dtype, _FLOAT_SAMPLE)
+        if requires_grad and resolved.kind != "f":
+            raise DTypeError(f"Tensor: only float tensors can require grad, got {resolved} "
+                             f"of shape {shape}")
+        backend = get_backend(device)
+        return Tensor._make(getattr(backend, kernel)(_random.generator(), shape, resolved), backend,
+                            bool(requires_grad))
 
     @staticmethod
     def arange(start, stop=None, step=1, dtype=None, device="cpu") -> Tensor:
@@ -606,6 +620,9 @@ class Tensor:
         if self.name:
             extras.append(f"name={self.name!r}")
         return "Tensor(" + ", ".join([body] + extras) + ")"
+
+
+_FLOAT_SAMPLE = np.empty(0)             # what the samples are drawn as: float64
 
 
 def _shape(shape) -> tuple[int, ...]:

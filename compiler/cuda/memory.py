@@ -7,6 +7,8 @@ from numba import cuda
 
 from ..reference.memory import dropout_multiplier as _host_multiplier
 from ..reference.memory import guard_ids as _host_guard
+from ..reference.memory import random_normal as _host_normal
+from ..reference.memory import random_uniform as _host_uniform
 from .device import THREADS, empty, launch, nblocks, ravel
 
 
@@ -18,6 +20,20 @@ def asarray(data, dtype):
     if _on_device(data):
         return data if data.dtype == np.dtype(dtype) else astype(data, dtype)
     return cuda.to_device(np.asarray(data, dtype=dtype, order="C"))
+
+
+def from_host(data, dtype):
+    return cuda.to_device(np.array(data, dtype=dtype, copy=True, order="C"))
+
+
+def random_normal(generator, shape, dtype):
+    """The reference's draws (numpy's ``generator`` on the host) copied over, so a seed gives
+    the same samples on every device.  Impure, as the reference's."""
+    return cuda.to_device(_host_normal(generator, shape, dtype))
+
+
+def random_uniform(generator, shape, dtype):
+    return cuda.to_device(_host_uniform(generator, shape, dtype))
 
 
 def to_numpy(x):
@@ -107,6 +123,7 @@ def guard_finite(x, fail):
 
 # ---------------------------------------------------------------- the table
 
-KERNELS = {"asarray": asarray, "to_numpy": to_numpy, "zeros": zeros, "full": full, "astype": astype,
-           "copy": copy, "dropout_multiplier": dropout_multiplier, "guard_ids": guard_ids,
+KERNELS = {"asarray": asarray, "from_host": from_host, "random_normal": random_normal,
+           "random_uniform": random_uniform, "to_numpy": to_numpy, "zeros": zeros, "full": full,
+           "astype": astype, "copy": copy, "dropout_multiplier": dropout_multiplier, "guard_ids": guard_ids,
            "guard_finite": guard_finite}

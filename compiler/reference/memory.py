@@ -10,6 +10,28 @@ def asarray(data, dtype):
     return np.asarray(data, dtype=dtype, order="C")
 
 
+def from_host(data, dtype):
+    """A new array holding ``data``'s values (a host array) in ``dtype``: always a copy.
+
+    Every Tensor made from host data (``Tensor(array)``, ``zeros``, ``arange``, a numpy
+    operand) comes through here, so a captured plan copies the host array again at every
+    replay, reading its values then, as eager code would; a source only the plan holds is
+    folded into a constant instead (compiler/fold.py)."""
+    return np.array(data, dtype=dtype, copy=True, order="C")
+
+
+def random_normal(generator, shape, dtype):
+    """Standard normal samples, ``generator.standard_normal(shape)`` in ``dtype``.  Impure:
+    it advances ``generator`` (a captured plan draws again at every replay)."""
+    return np.asarray(generator.standard_normal(shape), dtype=dtype, order="C")
+
+
+def random_uniform(generator, shape, dtype):
+    """Uniform samples in [0, 1), ``generator.random(shape)`` in ``dtype``.  Impure, as
+    ``random_normal``."""
+    return np.asarray(generator.random(shape), dtype=dtype, order="C")
+
+
 def to_numpy(x):
     return x
 
@@ -88,7 +110,8 @@ def guard_finite(x, fail):
 
 
 KERNELS = {
-    "asarray": asarray, "to_numpy": to_numpy, "zeros": zeros, "full": full, "astype": astype,
+    "asarray": asarray, "from_host": from_host, "random_normal": random_normal,
+    "random_uniform": random_uniform, "to_numpy": to_numpy, "zeros": zeros, "full": full, "astype": astype,
     "copy": copy, "dropout_multiplier": dropout_multiplier, "guard_ids": guard_ids,
     "guard_finite": guard_finite,
 }

@@ -22,7 +22,7 @@ from .. import functional as F
 from .. import nn, scopes
 from ..arguments import check_flag, check_int
 from ..attention import record as attention_record
-from ..autograd import ShapeError, no_grad, scope
+from ..autograd import ShapeError, no_grad, outside_capture, scope
 from ..nn.transformer import DecoderCache, check_layer_arguments
 from ..tensor import Tensor
 from . import decoding
@@ -460,7 +460,10 @@ class Transformer(TorchTwin, nn.Module):
         tables = _TABLES.setdefault(self, {})
         key = (like.dtype, like.device)
         if key not in tables:
-            tables[key] = Tensor(self._sinusoids, dtype=like.dtype, device=like.device)
+            # Made unrecorded: a capture binds the table kept here, where a recorded copy
+            # would be made again at every replay.
+            with outside_capture():
+                tables[key] = Tensor(self._sinusoids, dtype=like.dtype, device=like.device)
         # The row read by the device's gather directly: ``decode_start`` keeps the position
         # within the table, so no per-step range check waits on the device.
         return decoding.take_rows(tables[key], index.reshape(1)).reshape(1, 1, self.d_model)

@@ -1,0 +1,205 @@
+"""ta.compile and what a function reads besides its arguments: tensors made inside it from
+host data or the generator, numpy arrays the caller keeps, optimizer settings, tensors that
+share an array or a gradient.  Each case ran the capture's values again on replays before
+(a silent difference from eager code); each test compares compiled calls with eager calls
+of the same function, call after call."""
+
+import numpy as np
+import pytest
+
+import tinygrad_attn as ta
+from tinygrad_attn import optim
+
+DEVICES = ["cpu", "numpy"]
+
+
+def _tensor(values, device="cpu", grad=False):
+    return ta.Tensor(np.asarray(values, dtype=np.float64), dtype="float64", device=device,
+                     requires_grad=grad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("draw", ["randn", "rand"])
+def test_random_tensors_made_inside_are_drawn_again_at_every_call(device, draw):
+    """As dropout's masks: each replay draws from the generator current then, so compiled
+    calls consume the stream eager calls would."""
+    def f(x):
+        return x + getattr(ta.Tensor, draw)(2, 3, dtype="float64", device=device)
+
+    with ta.no_grad():
+        compiled = ta.compile(f)
+        ta.manual_seed(5)
+        got = [compiled(_tensor(np.zeros((2, 3)), device)).numpy().copy() for _ in range(4)]
+        ta.manual_seed(5)
+        want = [f(_tensor(np.zeros((2, 3)), device)).numpy().copy() for _ in range(4)]
+    assert compiled.stats.replays == 3
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_array_equal(g, w)
+    assert not np.array_equal(got[0], got[1])
+    assert f"random_{'normal' if draw == 'randn' else 'uniform'}(generator," in compiled.source
+
+
+def test_random_tensors_keep_their_dtype_and_refuse_grad_on_integers():
+    ta.manual_seed(0)
+    assert ta.Tensor.randn(3).dtype == np.float32 and ta.Tensor.rand(3, dtype="float64").dtype == np.float64
+    ta.manual_seed(0)
+    expected = np.random.default_rng(0).standard_normal((2, 2)).astype(np.float32)
+    np.testing.assert_array_equal(ta.Tensor.randn(2, 2).numpy(), expected)
+    with pytest.raises(ta.DTypeError, match="only float tensors can require grad"):
+        ta.Tensor.rand(2, dtype="int64", requires_grad=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_numpy_array_the_caller_changes_is_read_at_every_call(device):
+    scale = np.ones(3)
+
+    def f(x):
+        return x * scale + x * scale[::-1]             # the array, and a view of it
+
+    with ta.no_grad():
+        compiled = ta.compile(f)
+        for k in range(4):
+            scale[:] = [k + 1, 2 * k, -k]              # in place: the same array object
+            x = _tensor([1.0, 2.0, 3.0], device)
+            np.testing.assert_array_equal(compiled(x).numpy(), f(x).numpy())
+    assert compiled.stats.replays == 3
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_constants_made_inside_are_new_arrays_when_returned(device):
+    """A tensor made inside from host data is a new one at every eager call: a plan that
+    returns it makes it again at every replay (the caller may change what it got)."""
+    def f(x):
+        h = ta.Tensor.zeros(3, dtype="float64", device=device)
+        return h, x + h
+
+    with ta.no_grad():
+        compiled = ta.compile(f)
+        for k in range(4):
+            x = _tensor(np.arange(3.0) + k, device)
+            (h, y), (_, y_eager) = compiled(x), f(x)
+            np.testing.assert_array_equal(y.numpy(), y_eager.numpy())
+            np.testing.assert_array_equal(h.numpy(), np.zeros(3))
+            h.data[...] = 100.0                        # the caller's to change
+    assert compiled.stats.replays == 3
+
+
+def test_constants_only_the_plan_holds_are_folded_and_shown():
+    def f(x):
+        mask = np.triu(np.ones((3, 3)), 1)             # made and dropped inside: a constant
+        return x + ta.Tensor(mask, dtype="float64") + ta.Tensor.arange(3, dtype="float64")
+
+    with ta.no_grad():
+        compiled = ta.compile(f)
+        x = _tensor(np.ones((3, 3)))
+        compiled(x)
+        np.testing.assert_array_equal(compiled(x).numpy(), f(x).numpy())
+    plan = compiled.plans[0]
+    assert "from_host" not in [getattr(e, "kernel", None) for e in plan.entries]
+    assert len(plan.constants) == 2
+    assert "= from_host([0, 1, 2], float64): computed once" in plan.source
+    assert "= from_host(<host array (3, 3) float64>, float64)" in plan.source
+
+
+def test_a_leaf_made_inside_with_requires_grad_replays():
+    """A leaf made at each call has no gradient at entry: its plan needs no guard on it and
+    replays (it captured again at every call, up to the cap)."""
+    def g(x):
+        w = ta.Tensor(np.ones(3), requires_grad=True, dtype="float64")
+        (w * x).sum().backward()
+        return w.grad
+
+    compiled = ta.compile(g)
+    for k in range(5):
+        x = _tensor(np.arange(3.0) + k)
+        np.testing.assert_array_equal(compiled(x).numpy(), g(x).numpy())
+    assert compiled.stats.captures == 1 and compiled.stats.replays == 4
+
+
+def test_a_parameter_a_layer_makes_on_its_first_call_is_kept():
+    """A layer that makes its parameter in its first forward, inside the capture: the plan
+    binds that parameter (its gradient accumulates as eager's) instead of making it anew."""
+    class Lazy(ta.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = None
+
+        def forward(self, x):
+            if self.w is None:
+                self.w = ta.nn.Parameter(np.ones(x.shape[-1]))
+            return (x * self.w).sum()
+
+    compiled_model, eager_model = Lazy(), Lazy()
+
+    def step(model, x):
+        loss = model(x)
+        loss.backward()
+        return loss
+
+    compiled = ta.compile(lambda x: step(compiled_model, x))
+    for k in range(4):
+        x = ta.Tensor(np.full(3, k + 1.0, dtype=np.float32))
+        np.testing.assert_array_equal(compiled(x).numpy(), step(eager_model, x).numpy())
+        np.testing.assert_array_equal(compiled_model.w.grad.numpy(), eager_model.w.grad.numpy())
+    assert compiled.stats.replays >= 2
+
+
+def test_sgd_momentum_switched_on_after_the_capture_captures_again():
+    w, w_eager = _tensor([1.0, 2.0, 3.0], grad=True), _tensor([1.0, 2.0, 3.0], grad=True)
+    opt, opt_eager = optim.SGD([w], lr=0.1), optim.SGD([w_eager], lr=0.1)
+
+    def step(param, optimizer, x):
+        optimizer.zero_grad()
+        loss = (x * param).sum()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    compiled = ta.compile(lambda x: step(w, opt, x))
+    for k in range(6):
+        if k == 2:
+            opt.momentum = opt_eager.momentum = 0.9
+        if k == 4:
+            opt.momentum = opt_eager.momentum = 0.0
+        x = _tensor(np.ones(3) * (k + 1))
+        compiled(x)
+        step(w_eager, opt_eager, x)
+        np.testing.assert_array_equal(w.numpy(), w_eager.numpy())
+        if k == 2:
+            assert "momentum" in compiled.stats.reason
+    # .grad None then set, momentum on, momentum off (a buffer now: the first plans are dead)
+    assert compiled.stats.captures == 4 and compiled.stats.replays == 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_argument_sharing_a_parameters_array_holds_the_plan_to_it(device):
+    """``step(w.detach())``: the capture reads the argument where the function read ``w``; a
+    later argument of its own must not stand for ``w`` too."""
+    w = _tensor([1.0, 2.0, 3.0], device, grad=True)
+
+    def f(x):
+        return x * w
+
+    with ta.no_grad():
+        compiled = ta.compile(f)
+        others = [_tensor([10.0, 20.0, 30.0], device), _tensor([5.0, 5.0, 5.0], device)]
+        for x in [w.detach(), others[0], w.detach(), others[1]]:
+            np.testing.assert_array_equal(compiled(x).numpy(), f(x).numpy())
+    assert compiled.stats.captures == 2 and compiled.stats.replays == 2
+
+
+def test_parameters_sharing_one_gradient_tensor_at_the_capture_hold_the_plan_to_it():
+    params = [_tensor([1.0, 1.0], grad=True), _tensor([2.0, 2.0], grad=True)]
+    twins = [_tensor([1.0, 1.0], grad=True), _tensor([2.0, 2.0], grad=True)]
+    opt, opt_eager = optim.SGD(params, lr=1.0), optim.SGD(twins, lr=1.0)
+    compiled = ta.compile(lambda: opt.step())
+    for k in range(4):
+        g, h = _tensor([0.5, 0.5]), _tensor([10.0, 10.0])
+        grads = (g, g) if k in (0, 2) else (g, h)
+        for p, q, grad in zip(params, twins, grads, strict=True):
+            p.grad = q.grad = grad
+        compiled()
+        opt_eager.step()
+        for p, q in zip(params, twins, strict=True):
+            np.testing.assert_array_equal(p.numpy(), q.numpy())
+    assert compiled.stats.captures == 2 and compiled.stats.replays == 2
