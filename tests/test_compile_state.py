@@ -203,3 +203,82 @@ def test_parameters_sharing_one_gradient_tensor_at_the_capture_hold_the_plan_to_
         for p, q in zip(params, twins, strict=True):
             np.testing.assert_array_equal(p.numpy(), q.numpy())
     assert compiled.stats.captures == 2 and compiled.stats.replays == 2
+
+
+class _State:
+    """State carried from call to call in a plain attribute: the case plans cannot replay."""
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_state_replaced_in_a_plain_attribute_is_not_replayed_stale(device):
+    """``state.h = out`` is Python, which a plan does not replay: the tensor the capture read
+    is dropped, its plan dies, and the call runs the function again (warned once), giving
+    eager's values at every call instead of reading the first state forever."""
+    compiled_state, eager_state = _State(), _State()
+    compiled_state.h, eager_state.h = _tensor(np.zeros(3), device), _tensor(np.zeros(3), device)
+
+    def step(state, x):
+        out = state.h * 0.5 + x
+        state.h = out
+        return out
+
+    compiled = ta.compile(lambda x: step(compiled_state, x))
+    with ta.no_grad(), pytest.warns(UserWarning, match="state kept in a Python attribute") as caught:
+        for k in range(12):
+            x = _tensor(np.full(3, k + 1.0), device)
+            np.testing.assert_array_equal(compiled(x).numpy(), step(eager_state, x).numpy())
+            np.testing.assert_array_equal(compiled_state.h.numpy(), eager_state.h.numpy())
+    assert len([w for w in caught if "dropped" in str(w.message)]) == 1
+    # the first capture and 7 more, each plan dying at the next call; then eager calls
+    assert compiled.stats.replays == 0 and compiled.stats.captures == 8
+    assert compiled.stats.eager_calls == 4 and "gone" in compiled.stats.reason
+
+
+def test_detached_state_carried_with_training_is_not_replayed_stale():
+    """Truncated backpropagation through time: the state is detached and kept; each step's
+    gradient must use the state the step before left."""
+    w, w_eager = _tensor([0.5, -1.0, 2.0], grad=True), _tensor([0.5, -1.0, 2.0], grad=True)
+    compiled_state, eager_state = _State(), _State()
+    compiled_state.h, eager_state.h = _tensor(np.ones(3)), _tensor(np.ones(3))
+
+    def step(param, state, x):
+        out = (state.h * param + x).tanh()
+        loss = (out * out).sum()
+        loss.backward()
+        state.h = out.detach()
+        return loss
+
+    compiled = ta.compile(lambda x: step(w, compiled_state, x))
+    with pytest.warns(UserWarning, match="dropped"):
+        for k in range(4):
+            x = _tensor(np.full(3, 0.1 * k))
+            np.testing.assert_array_equal(compiled(x).numpy(), step(w_eager, eager_state, x).numpy())
+            np.testing.assert_array_equal(w.grad.numpy(), w_eager.grad.numpy())
+
+
+def test_a_tensor_variable_the_caller_rebinds_is_read_as_rebound():
+    shift = _tensor([1.0, 2.0, 3.0])
+
+    def f(x):
+        return x + shift
+
+    compiled = ta.compile(f)
+    with ta.no_grad(), pytest.warns(UserWarning, match="dropped"):
+        for k in range(4):
+            x = _tensor(np.zeros(3))
+            np.testing.assert_array_equal(compiled(x).numpy(), f(x).numpy())
+            if k == 1:
+                shift = _tensor([10.0, 20.0, 30.0])     # noqa: F841 - read by f, a closure
+    assert compiled.stats.captures == 2 and compiled.stats.replays == 2
+
+
+def test_a_tensor_kept_alive_by_its_owner_replays_without_a_warning(recwarn):
+    """The weak hold costs nothing where the state stays: a module's buffer, a closure's
+    tensor that is not rebound."""
+    table = _tensor(np.arange(3.0))
+    compiled = ta.compile(lambda x: x * table)
+    with ta.no_grad():
+        for _ in range(4):
+            compiled(_tensor(np.ones(3)))
+    assert compiled.stats.captures == 1 and compiled.stats.replays == 3
+    assert not [w for w in recwarn if "ta.compile" in str(w.message)]

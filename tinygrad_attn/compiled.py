@@ -40,6 +40,7 @@ import re
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -283,10 +284,11 @@ class _Plan:
     enter: Callable                       # enter(*argument tensors) -> fn's result, or _MISS
     entry_source: str                     # its text: the guards, the binding, the outputs
     bound: list                           # (holder, path, obj): path from holder reads obj (an
-                                          # array, or a module's parameter or child module)
+                                          # array, or a module's parameter or child module); a
+                                          # holder may be a weakref (a tensor no module holds)
     modules: list                         # (Module, training flag)
     grad_guards: list                     # (_Leaf, expect None)
-    requires: list = ()                   # (Tensor, requires_grad at the capture)
+    requires: list = ()                   # (Tensor or its weakref, requires_grad at the capture)
     aliases: list = ()                    # (tensor, k): it held argument k's array at the capture
     branches: list = ()                   # (optimizer, its branches() at the capture)
 
@@ -299,12 +301,18 @@ class _Plan:
         or an optimizer's state replaced (``load_state_dict``, ``to(device)``) kills it."""
         return all(_follow(holder, path) is array for holder, path, array in self.bound)
 
+    def gone(self) -> bool:
+        """Whether a tensor the plan read, held by no module, has been dropped since."""
+        return any(type(holder) is weakref.ref and holder() is None for holder, _, _ in self.bound)
+
     def why_not(self) -> str:
+        if self.gone():
+            return "guard: a tensor the plan read is gone (state kept in Python, replaced since?)"
         if not self.alive():
             return "guard: an array, parameter or layer the plan reads was replaced"
         if any(bool(m.training) != flag for m, flag in self.modules):
             return "guard: a module's train/eval mode changed"
-        if any(bool(t.requires_grad) != flag for t, flag in self.requires):
+        if any(bool(_strong(t).requires_grad) != flag for t, flag in self.requires):
             return "guard: a tensor's requires_grad changed"
         if any(opt.branches() != value for opt, value in self.branches):
             return "guard: an optimizer setting that chooses its update's kernels (momentum) changed"
@@ -313,7 +321,14 @@ class _Plan:
         return "guard: a gradient's None-ness at entry changed"
 
 
+def _strong(holder):
+    return holder() if type(holder) is weakref.ref else holder
+
+
 def _follow(holder, path: tuple):
+    holder = _strong(holder)
+    if holder is None:
+        return _MISS                       # a weakly held tensor, gone: no array is it
     for kind, key in path:
         holder = getattr(holder, key) if kind == "attr" else holder[key]
     return holder
@@ -514,14 +529,21 @@ def _entry(plan, name: str, described: list[str], grad_ins: list, generator_slot
         # plan reads the argument for both.
         entry.guards.append(f"{entry.name('param', sharer)}._data is not {entry.params[k]}._data")
     for holder, path, array in bound:
+        if type(holder) is weakref.ref:
+            # A tensor no module holds, weakly: once dropped (a state attribute replaced by
+            # the function, a variable rebound by the caller) the plan would read a stale value.
+            entry.guards.append(f"getattr({entry.name('ref', holder)}(), {path[0][1]!r}, None) is not "
+                                f"{entry.name('array', array)}")
+            continue
         prefix = "param" if isinstance(holder, Tensor) else "optimizer" if isinstance(holder, Optimizer) \
             else "module"
         entry.guards.append(f"{entry.name(prefix, holder)}{_path_text(path)} is not "
                             f"{entry.name('array', array)}")
     for module, flag in modules:
         entry.guards.append(f"{'not ' if flag else ''}{entry.name('module', module)}.training")
-    for owner, flag in requires:
-        entry.guards.append(f"{'not ' if flag else ''}{entry.name('param', owner)}.requires_grad")
+    for owner, flag in requires:      # after the bound guards: a weakref read here is alive
+        text = f"{entry.name('ref', owner)}()" if type(owner) is weakref.ref else entry.name("param", owner)
+        entry.guards.append(f"{'not ' if flag else ''}{text}.requires_grad")
     arrays = [f"{p}._data" for p in entry.params]
     arrays += [f"{entry.leaf(leaf)}._grad._data" for leaf in grad_ins]
     if generator_slot is not None:
@@ -572,6 +594,7 @@ class Compiled:
                                            if name in self._static or k in self._static)
         self._fast: dict[tuple, tuple] = {}
         self._warned = False
+        self._gone = 0              # plans that died because a tensor they read was dropped
         self.__wrapped__ = fn
 
     @property
@@ -677,6 +700,15 @@ class Compiled:
             # A parameter or an optimizer's state was replaced: those plans are dead.
             dead = [p for p in candidates if not p.alive()]
             reason = (dead or candidates)[-1].why_not()
+            if any(p.gone() for p in dead):
+                self._gone += 1
+                if self._gone == 1:
+                    warnings.warn(f"ta.compile({self.fn.__qualname__}): a tensor a plan read, held by no "
+                                  f"module, was dropped since the capture (state kept in a Python "
+                                  f"attribute or variable and replaced?): capturing again, and after "
+                                  f"{self.max_plans} times running eagerly. A plan replays kernels, not "
+                                  f"Python: pass such state as an argument and return its new value",
+                                  UserWarning, stacklevel=3)
         with _CAPTURE_LOCK:
             for plan in dead:
                 if plan in candidates:      # not yet dropped by another thread
@@ -689,11 +721,11 @@ class Compiled:
                     self.stats.replays += 1
                     self._remember(fast_key, args, self._plans[key])
                     return result
-            if self.stats.plans < self.max_plans:
+            if self.stats.plans < self.max_plans and self._gone < self.max_plans:
                 result = self._capture(key, reason, call_args, call_kwargs, tensors, names)
                 self._remember(fast_key, args, self._plans[key])
                 return result
-        if not self._warned:
+        if not self._warned and self._gone < self.max_plans:
             self._warned = True
             warnings.warn(f"ta.compile({self.fn.__qualname__}): {self.max_plans} plans captured "
                           f"already (max_plans); running eagerly from now on for new signatures "
@@ -730,13 +762,18 @@ class Compiled:
                 finally:
                     autograd.state.capture = None
             plan = self._build(capture, key, inputs, spec, outputs, tensors, generator)
+            # The plan holds what it guards on; the capture must not keep the rest alive (a
+            # tensor held weakly, dropped by the function, has to die for its guard to fail).
+            recorder.on_read = None
+            capture.owners.clear()
+            capture.sharers.clear()
         self._plans.setdefault(key, []).append(plan)
         self.stats.plans += 1
         self.stats.captures += 1
         self.stats.reason = reason
         _log.info("ta.compile(%s): captured plan %d (%s), %d kernel calls", self.fn.__qualname__,
                   self.stats.captures, reason, plan.plan.calls)
-        return result
+        return _without_graph(result)
 
     def _build(self, capture: _Capture, key, inputs, spec, outputs, tensors, generator) -> _Plan:
         recorder = capture.recorder
@@ -782,8 +819,12 @@ class Compiled:
         name = _identifier(f"{getattr(self.fn, '__name__', 'fn')}_plan_{number}")
         plan = build_plan(recorder, name=name, title=title, inputs=inputs, returns=returns,
                           external_names=external_names, device=device, resolve=get_backend, fuse=self.fuse)
-        bound = [(owner, (("attr", "_data"),), recorder.arrays[index])
-                 for index, owner in capture.owners.items()]
+        # Tensors no module holds are held weakly: a plan must not keep alive, and read, a
+        # tensor its function or the caller has dropped (state replaced between calls).
+        parameters = {id(value) for _, _, value in module_paths}
+        holders = {index: owner if id(owner) in parameters else weakref.ref(owner)
+                   for index, owner in capture.owners.items()}
+        bound = [(holders[index], (("attr", "_data"),), recorder.arrays[index]) for index in capture.owners]
         unowned = [recorder.arrays[i] for i, kind in enumerate(recorder.kinds)
                    if kind == "external" and i not in capture.owners]
         if unowned:
@@ -792,7 +833,7 @@ class Compiled:
         grad_guards = [(leaf, leaf.expect_none) for leaf in capture.leaves.values()
                        if leaf.expect_none is not None and not leaf.made]
         # A tensor the plan reads but takes no gradient for, or the reverse, must stay so.
-        requires = [(t, bool(t.requires_grad)) for t in capture.owners.values()]
+        requires = [(holders[index], bool(t.requires_grad)) for index, t in capture.owners.items()]
         aliases = list(capture.aliases.values())
         optimizers = {id(holder): holder for holder, _, _ in bound if isinstance(holder, Optimizer)}
         branches = [(opt, opt.branches()) for opt in optimizers.values() if opt.branches()]
@@ -845,29 +886,43 @@ def _identifier(text: str) -> str:
     return name if name and not name[0].isdigit() else f"_{name}"
 
 
+def _without_graph(value):
+    """The capture's result as replays return it: its tensors without their graph (backward
+    ran inside, or grad was off), which would keep the tensors the function read alive."""
+    if isinstance(value, Tensor):
+        return value if value.node is None else Tensor._make(value._data, value.backend, False)
+    if type(value) in (tuple, list):
+        return type(value)(_without_graph(v) for v in value)
+    if type(value) is dict:
+        return {k: _without_graph(v) for k, v in value.items()}
+    return value
+
+
 def _output_spec(capture: _Capture, result):
     """(the structure of ``result`` with Tensors as ("tensor", index, backend), their slots)."""
     slots: list = []
+    return _spec_of(result, capture, slots), slots
 
-    def walk(value):
-        if isinstance(value, Tensor):
-            if value.requires_grad and value.node is not None and not capture.backward_called:
-                raise CaptureError("ta.compile: the compiled function returned a tensor that requires "
-                                   "grad without calling backward; its outputs have no graph. Call "
-                                   "backward inside the function, or run it under ta.no_grad()")
-            slots.append(capture.see(value))
-            return ("tensor", len(slots) - 1, value.backend)
-        if value is None:
-            return None
-        if type(value) in (tuple, list):
-            return (type(value), [walk(v) for v in value])
-        if type(value) is dict:
-            return (dict, {k: walk(v) for k, v in value.items()})
-        raise CaptureError(f"ta.compile: the compiled function returned a {type(value).__name__}; "
-                           f"return Tensors (in tuples, lists or dicts) or None: other values "
-                           f"would be frozen into the plan")
 
-    return walk(result), slots
+def _spec_of(value, capture: _Capture, slots: list):
+    # A function of its own, not a closure calling itself: that cycle would keep the capture,
+    # and the tensors it read, alive until a garbage collection.
+    if isinstance(value, Tensor):
+        if value.requires_grad and value.node is not None and not capture.backward_called:
+            raise CaptureError("ta.compile: the compiled function returned a tensor that requires "
+                               "grad without calling backward; its outputs have no graph. Call "
+                               "backward inside the function, or run it under ta.no_grad()")
+        slots.append(capture.see(value))
+        return ("tensor", len(slots) - 1, value.backend)
+    if value is None:
+        return None
+    if type(value) in (tuple, list):
+        return (type(value), [_spec_of(v, capture, slots) for v in value])
+    if type(value) is dict:
+        return (dict, {k: _spec_of(v, capture, slots) for k, v in value.items()})
+    raise CaptureError(f"ta.compile: the compiled function returned a {type(value).__name__}; "
+                       f"return Tensors (in tuples, lists or dicts) or None: other values "
+                       f"would be frozen into the plan")
 
 
 def compile(fn=None, *, static=(), max_plans: int = 8, fuse: bool = False):  # noqa: A001 - as torch.compile

@@ -101,8 +101,9 @@ class Tensor:
         array([[2., 4.]], dtype=float32)
     """
 
+    # __weakref__: a compiled plan holds the tensors it reads that no module holds weakly.
     __slots__ = ("_data", "_version", "backend", "requires_grad", "_grad", "node", "name",
-                 "_retains_grad")
+                 "_retains_grad", "__weakref__")
     # Make numpy defer to Tensor's reflected operators: ndarray * Tensor -> Tensor.__rmul__.
     __array_ufunc__ = None
 
