@@ -51,7 +51,7 @@ from . import compiler as _compiler
 from . import random as _random
 from .autograd import current_scope, is_grad_enabled
 from .compiler import get_backend
-from .compiler.capture import Call, CaptureError, Const, Recorder, recording_all
+from .compiler.capture import Call, CaptureError, Const, Recorder, Slot, recording_all
 from .compiler.plan import build_plan
 from .compiler.source import compile_source
 from .optim import Optimizer
@@ -88,6 +88,7 @@ class _Leaf:
     expect_none: bool | None      # the guard on .grad at entry; None: never read before set
     grad_in: object = None        # the Slot of the gradient read at entry
     shares: _Leaf | None = None   # a leaf whose .grad was this one's very tensor at entry
+    shares_argument: int | None = None    # the argument whose array this .grad was at entry
     made: bool = False            # made inside the function: a new tensor at every call
 
 
@@ -97,6 +98,7 @@ class _Capture:
     def __init__(self, recorder: Recorder, arguments: list[Tensor], fuse: bool = False):
         self.recorder = recorder
         self.arguments = {id(t): k for k, t in enumerate(arguments)}
+        self.argument_slots: dict[int, int] = {}  # slot index -> argument k
         self.fuse = fuse
         self.ops: list = []
         self.starts: list[int] = []               # per op entered: its first entry
@@ -107,8 +109,9 @@ class _Capture:
         self.modules: dict[int, tuple] = {}        # id -> (Module, its training flag when called)
         self.sharers: dict[int, tuple] = {}        # id -> (tensor, k): it holds argument k's array
         self.aliases: dict[int, tuple] = {}        # the sharers the function read
+        self.sources: dict[int, tuple] = {}        # id -> (a detached tensor, what it detached)
+        self.explicit: set[int] = set()            # entries that drew from a generator fn passed
         self.backward_called = False
-        self.retained = False
 
     def refuse(self, what: str):
         raise CaptureError(f"ta.compile: {what} while capturing, at {_user_line()}: the plan cannot "
@@ -137,11 +140,21 @@ class _Capture:
             self.single[id(op)] = start
         self.recorder.tag = ()
 
+    def drew_from_given_generator(self) -> None:
+        """The last entry drew from a generator the function passed (not the current one)."""
+        self.explicit.add(len(self.recorder.entries) - 1)
+
+    def detached(self, out: Tensor, source: Tensor) -> None:
+        self.sources[id(out)] = (out, source)
+
     def see(self, t: Tensor):
-        """The slot of ``t``'s array; an unknown one is an external owned by ``t``."""
+        """The slot of ``t``'s array; an unknown one is an external owned by ``t`` (by the
+        tensor it detached, for ``w.detach()`` made inside: that one dies with the call)."""
         recorder = self.recorder
         slot = recorder.slot_of(t._data)
         if slot is None:
+            while id(t) in self.sources:
+                t = self.sources[id(t)][1]
             slot = recorder.external(t._data)
             if recorder.kinds[slot.index] == "external":
                 self.owners[slot.index] = t
@@ -210,7 +223,11 @@ class _Capture:
         return _ChainGrad(chain, [t.node for t in members], leaves, self)
 
     def backward_done(self, retain_graph: bool) -> None:
-        self.retained = self.retained or retain_graph
+        if retain_graph:
+            # Refused here, before the gradients are written and whatever follows (an
+            # optimizer's step) runs: the call leaves no half-made update behind.
+            raise CaptureError(f"ta.compile: backward(retain_graph=True) inside a compiled function is "
+                               f"not supported, at {_user_line()}")
         self.recorder.tag = ("gradients",)
 
     def _leaf(self, t: Tensor, read: bool) -> _Leaf:
@@ -227,6 +244,7 @@ class _Capture:
                 known = self.recorder.slot_of(t._grad._data)
                 leaf.shares = next((other for other in self.leaves.values()
                                     if known is not None and other.grad_in == known), None)
+                leaf.shares_argument = None if known is None else self.argument_slots.get(known.index)
                 leaf.grad_in = self.recorder.input(t._grad._data)
             self.leaves[id(t)] = leaf
         return leaf
@@ -436,28 +454,32 @@ def _optimizer_paths(arrays: list) -> list:
     return found
 
 
-def _bind_generator(recorder: Recorder, generator) -> object:
+def _bind_generator(recorder: Recorder, generator, explicit: set = frozenset()) -> object:
     """Make ``generator`` (the one current when the capture began) an input of the plan
     instead of a constant, so each replay draws from the generator current then; returns its
-    slot, or None if nothing drew from it."""
+    slot, or None if nothing drew from it.  The entries in ``explicit`` drew from a
+    generator the function passed itself (``dropout(..., generator=g)``): they keep it, even
+    where it was the current one too."""
     index = next((i for i, c in enumerate(recorder.constants) if c is generator), None)
     if index is None:
         return None
-    slot = recorder.add_slot(generator, "input", True)
-    old = Const(index)
+    old, slot = Const(index), Slot(len(recorder.arrays))
+    swapped = False
+    for number, entry in enumerate(recorder.entries):
+        if isinstance(entry, Call) and number not in explicit:
+            args = _swap(entry.args, old, slot)
+            kwargs = {k: _swap(v, old, slot) for k, v in entry.kwargs.items()}
+            swapped = swapped or args != entry.args or kwargs != entry.kwargs
+            entry.args, entry.kwargs = args, kwargs
+    return recorder.add_slot(generator, "input", True) if swapped else None
 
-    def swap(value):
-        if type(value) is Const and value == old:
-            return slot
-        if type(value) in (list, tuple):
-            return type(value)(swap(v) for v in value)
-        return value
 
-    for entry in recorder.entries:
-        if isinstance(entry, Call):
-            entry.args = swap(entry.args)
-            entry.kwargs = {k: swap(v) for k, v in entry.kwargs.items()}
-    return slot
+def _swap(value, old: Const, new: Slot):
+    if type(value) is Const and value == old:
+        return new
+    if type(value) in (list, tuple):
+        return type(value)(_swap(v, old, new) for v in value)
+    return value
 
 
 class _Entry:
@@ -486,16 +508,28 @@ class _Entry:
     def leaf(self, leaf: _Leaf) -> str:
         return self.params[leaf.argument] if leaf.argument is not None else self.name("leaf", leaf.tensor)
 
-    def output(self, spec) -> str:
+    def output(self, spec, holders: dict) -> str:
         if spec is None:
             return "None"
         kind, inner = spec[0], spec[1]
         if kind == "tensor":
             return f"make(results[{inner}], {self.name('backend', spec[2])}, False)"
+        if kind == "argument":
+            return self.params[inner]
+        if kind == "grad":
+            return f"{self.leaf(inner)}._grad"
+        if kind == "object":
+            holder = holders.get(id(inner), inner)
+            if type(holder) is weakref.ref:          # alive: the guards passed
+                return f"{self.name('ref', holder)}()"
+            return self.name("param", inner)
+        if kind == "made":
+            grad = f"results[{inner + 1}]" if spec[3] else "None"
+            return f"made_leaf(results[{inner}], {self.name('backend', spec[2])}, {grad})"
         if kind is dict:
-            items = ", ".join(f"{self.name('key', k)}: {self.output(v)}" for k, v in inner.items())
+            items = ", ".join(f"{self.name('key', k)}: {self.output(v, holders)}" for k, v in inner.items())
             return "{" + items + "}"
-        parts = [self.output(v) for v in inner]
+        parts = [self.output(v, holders) for v in inner]
         if kind is list:
             return "[" + ", ".join(parts) + "]"
         return "(" + "".join(p + ", " for p in parts).rstrip(" ") + ")"
@@ -511,16 +545,26 @@ class _Entry:
 
 def _entry(plan, name: str, described: list[str], grad_ins: list, generator_slot, bound: list,
            modules: list, grad_guards: list, grad_out: list, spec,
-           requires: list = (), aliases: list = (), branches: list = ()) -> tuple[Callable, str]:
+           requires: list = (), aliases: list = (), branches: list = (),
+           holders: dict | None = None) -> tuple[Callable, str]:
+    holders = holders or {}
     entry = _Entry(len(described))
-    entry.namespace.update(plan=plan.fn, make=Tensor._make, generator=_random.generator)
+    entry.namespace.update(plan=plan.fn, make=Tensor._make, generator=_random.generator, made_leaf=_made_leaf)
     for leaf, none in grad_guards:
         entry.guards.append(f"{entry.leaf(leaf)}._grad is {'not ' if none else ''}None")
     for leaf in grad_ins:
-        # Two parameters whose gradient was one tensor at the capture: the plan reads it once.
+        # Two parameters whose gradient was one tensor at the capture, or a gradient that was
+        # an argument's array (``step(w.grad)``): the plan reads it once.
         if leaf.shares is not None:
             entry.guards.append(f"{entry.leaf(leaf)}._grad._data is not "
                                 f"{entry.leaf(leaf.shares)}._grad._data")
+        elif leaf.shares_argument is not None:
+            entry.guards.append(f"{entry.leaf(leaf)}._grad._data is not "
+                                f"{entry.params[leaf.shares_argument]}._data")
+    # One tensor passed as two arguments whose gradients the plan writes: eager sums both
+    # parts into it, the plan would write one (such a call runs eagerly).
+    written = [entry.params[leaf.argument] for leaf, _ in grad_out if leaf.argument is not None]
+    entry.guards += [f"{a} is {b}" for i, a in enumerate(written) for b in written[i + 1:]]
     for optimizer, value in branches:
         entry.guards.append(f"{entry.name('optimizer', optimizer)}.branches() != "
                             f"{entry.name('branches', value)}")
@@ -553,7 +597,7 @@ def _entry(plan, name: str, described: list[str], grad_ins: list, generator_slot
         target = entry.leaf(leaf)
         value = "None" if index is None else f"make(results[{index}], {target}.backend, False)"
         entry.lines.append(f"    {target}._grad = {value}")
-    entry.lines.append(f"    return {entry.output(spec)}")
+    entry.lines.append(f"    return {entry.output(spec, holders)}")
     source = entry.source(name, described)
     compile_source(source, f"<ta.compile {name}>", entry.namespace)
     return entry.namespace[name], source
@@ -592,6 +636,7 @@ class Compiled:
         self._variadic = variadic and simple
         self._static_positions = frozenset(k for k, name in enumerate(parameters)
                                            if name in self._static or k in self._static)
+        self._names = list(parameters)
         self._fast: dict[tuple, tuple] = {}
         self._warned = False
         self._gone = 0              # plans that died because a tensor they read was dropped
@@ -615,7 +660,7 @@ class Compiled:
         statics = self._static_positions
         for position, value in enumerate(args):
             if position in statics:
-                key.append((type(value), value))          # 1, 1.0 and True compare equal
+                key.append(_static_key(value, self._names[position], self.fn))
             elif isinstance(value, Tensor):
                 data = value._data
                 key.append((data.shape, data.dtype, value.backend, value.requires_grad))
@@ -635,12 +680,14 @@ class Compiled:
         def argument(name, value):
             if isinstance(value, np.ndarray):
                 value = Tensor(value)              # what eager code would make of it
+            # Each part of the key names its parameter: f(x, y=t) and f(x, scale=t) bind
+            # the same tensors to different parameters.
             if isinstance(value, Tensor):
                 tensors.append(value)
                 names.append(name)
-                key.append((value.shape, value.dtype, value.device, value.requires_grad))
+                key.append((name, value.shape, value.dtype, value.device, value.requires_grad))
             elif value is None:
-                key.append(None)
+                key.append((name, None))
             elif isinstance(value, (bool, int, float, complex, np.number)):
                 raise TypeError(f"ta.compile({self.fn.__qualname__}): argument {name!r} is the Python "
                                 f"number {value!r}; a plan would freeze it. Declare it static "
@@ -653,10 +700,10 @@ class Compiled:
             return value
 
         parameters = self._signature.parameters
-        for position, (name, value) in enumerate(bound.arguments.items()):
+        for name, value in bound.arguments.items():
             kind = parameters[name].kind
-            if name in self._static or position in self._static:
-                key.append(("static", name, type(value), value))
+            if name in self._static or self._names.index(name) in self._static:
+                key.append(("static", name, _static_key(value, name, self.fn)))
             elif kind is inspect.Parameter.VAR_POSITIONAL:
                 bound.arguments[name] = tuple(argument(f"{name}_{k}", v) for k, v in enumerate(value))
             elif kind is inspect.Parameter.VAR_KEYWORD:
@@ -668,9 +715,10 @@ class Compiled:
         return bound.args, bound.kwargs, tensors, names, tuple(key)
 
     def __call__(self, *args, **kwargs):
-        if not self.enabled or autograd.state.capture is not None:
-            # Inside another capture this function's kernels are that plan's.
-            if not self.enabled:
+        if not self.enabled or autograd.state.capture is not None or autograd.state.anomaly:
+            # Inside another capture this function's kernels are that plan's; under
+            # detect_anomaly every op checks its values on the host, which no plan replays.
+            if autograd.state.capture is None:
                 self.stats.eager_calls += 1
             return self.fn(*args, **kwargs)
         fast_key = None if kwargs else self._fast_key(args)
@@ -688,6 +736,11 @@ class Compiled:
     def _call(self, args, kwargs, fast_key):
         """A call the fast path did not replay: bind the signature, find or capture a plan."""
         call_args, call_kwargs, tensors, names, key = self._arguments(args, kwargs)
+        if len({id(t._data) for t in tensors}) < len(tensors):
+            # Arguments sharing an array (f(a, a)): a plan binds buffers by identity and cannot
+            # keep them apart, so this call runs eagerly.
+            self.stats.eager_calls += 1
+            return self.fn(*call_args, **call_kwargs)
         candidates = self._plans.get(key)
         reason, dead = "new signature", []
         if candidates:
@@ -748,11 +801,9 @@ class Compiled:
             inputs = []
             taken = {"_"}        # the plan assigns results it never reads to _: not an argument
             for k, (name, t) in enumerate(zip(names, tensors, strict=True)):
-                if recorder.slot_of(t._data) is not None:
-                    raise CaptureError(f"ta.compile({self.fn.__qualname__}): argument {name!r} shares "
-                                       f"its array with another argument; pass distinct tensors")
                 capture.sharers.update((id(other), (other, k)) for other in _sharers(t, tensors))
                 inputs.append((_unique(_argument_name(name), taken), recorder.input(t._data)))
+                capture.argument_slots[inputs[-1][1].index] = k
             generator = _random.generator()
             with recording_all(recorder):
                 autograd.state.capture = capture
@@ -767,6 +818,7 @@ class Compiled:
             recorder.on_read = None
             capture.owners.clear()
             capture.sharers.clear()
+            capture.sources.clear()
         self._plans.setdefault(key, []).append(plan)
         self.stats.plans += 1
         self.stats.captures += 1
@@ -777,9 +829,6 @@ class Compiled:
 
     def _build(self, capture: _Capture, key, inputs, spec, outputs, tensors, generator) -> _Plan:
         recorder = capture.recorder
-        if capture.retained:
-            raise CaptureError(f"ta.compile({self.fn.__qualname__}): backward(retain_graph=True) "
-                               f"inside a compiled function is not supported")
         modules = list(capture.modules.values())
         module_paths = _module_paths(module for module, _ in modules)
         _bind_made_parameters(capture, module_paths)
@@ -789,7 +838,7 @@ class Compiled:
             # Two layers' parameters may share a name ("weight"): every name is made unique.
             name = _unique(_identifier(f"grad_{_leaf_name(leaf, inputs)}"), taken, len(inputs))
             inputs.append((name, leaf.grad_in))
-        generator_slot = _bind_generator(recorder, generator)
+        generator_slot = _bind_generator(recorder, generator, capture.explicit)
         if generator_slot is not None:
             inputs.append((_unique("generator", taken), generator_slot))
         grad_out, returns = [], list(outputs)
@@ -838,7 +887,8 @@ class Compiled:
         optimizers = {id(holder): holder for holder, _, _ in bound if isinstance(holder, Optimizer)}
         branches = [(opt, opt.branches()) for opt in optimizers.values() if opt.branches()]
         enter, entry_source = _entry(plan, f"enter_{name}", described, grad_ins, generator_slot, bound,
-                                     modules, grad_guards, grad_out, spec, requires, aliases, branches)
+                                     modules, grad_guards, grad_out, spec, requires, aliases, branches,
+                                     {id(capture.owners[index]): holder for index, holder in holders.items()})
         return _Plan(plan, enter, entry_source, bound, modules, grad_guards, requires, aliases, branches)
 
 
@@ -852,6 +902,25 @@ def _sharers(t: Tensor, arguments: list) -> list:
     skip = {id(a) for a in arguments}
     return [other for other in gc.get_referrers(t._data)
             if isinstance(other, Tensor) and id(other) not in skip and other._data is t._data]
+
+
+def _static_key(value, name: str, fn):
+    """A static argument's part of the plans' key: types and values all the way down, so
+    values that compare equal but compute differently (1, 1.0 and True; 0.0 and -0.0; (2,)
+    and (2.0,)) capture plans of their own; lists and dicts by their items."""
+    if type(value) in (tuple, list):
+        return (type(value), tuple(_static_key(v, name, fn) for v in value))
+    if type(value) is dict:
+        return (dict, tuple((_static_key(k, name, fn), _static_key(v, name, fn)) for k, v in value.items()))
+    if isinstance(value, (float, np.floating, complex, np.complexfloating)):
+        return (type(value), repr(value))
+    try:
+        hash(value)
+    except TypeError:
+        raise TypeError(f"ta.compile({getattr(fn, '__qualname__', fn)}): static argument {name!r} is "
+                        f"a {type(value).__name__}, which cannot key plans (not hashable); pass a "
+                        f"tuple, a dict of such values, or a hashable object") from None
+    return (type(value), value)
 
 
 def _unique(name: str, taken: set, suffix=None) -> str:
@@ -886,6 +955,14 @@ def _identifier(text: str) -> str:
     return name if name and not name[0].isdigit() else f"_{name}"
 
 
+def _made_leaf(data, backend, grad) -> Tensor:
+    """A leaf the function made with requires_grad, as a replay returns it: with its gradient."""
+    t = Tensor._make(data, backend, True)
+    if grad is not None:
+        t._grad = Tensor._make(grad, backend, False)
+    return t
+
+
 def _without_graph(value):
     """The capture's result as replays return it: its tensors without their graph (backward
     ran inside, or grad was off), which would keep the tensors the function read alive."""
@@ -912,7 +989,23 @@ def _spec_of(value, capture: _Capture, slots: list):
             raise CaptureError("ta.compile: the compiled function returned a tensor that requires "
                                "grad without calling backward; its outputs have no graph. Call "
                                "backward inside the function, or run it under ta.no_grad()")
-        slots.append(capture.see(value))
+        # What eager code returns, object for object: an argument, a tensor the function
+        # read (a parameter), a leaf's gradient as the leaf holds it after the call, a leaf
+        # made inside with its gradient; anything else a new tensor over the result.
+        if id(value) in capture.arguments:
+            return ("argument", capture.arguments[id(value)])
+        leaf = next((leaf for leaf in capture.leaves.values() if leaf.tensor._grad is value), None)
+        if leaf is not None and not leaf.made:
+            return ("grad", leaf)
+        slot = capture.see(value)
+        if capture.owners.get(slot.index) is value:
+            return ("object", value)
+        slots.append(slot)
+        if value.node is None and value.requires_grad:
+            grad = value._grad
+            if grad is not None:
+                slots.append(capture.see(grad))
+            return ("made", len(slots) - 1 - (grad is not None), value.backend, grad is not None)
         return ("tensor", len(slots) - 1, value.backend)
     if value is None:
         return None

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from . import autograd
 from . import random as _random
 from .autograd import ShapeError
 from .ops import (
@@ -178,6 +179,8 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True,
     # A kernel draws the multiplier (on "cuda" too, numpy's generator on the host, copied
     # over): the same stream on every device, and a captured step draws again each replay.
     multiplier = x.backend.dropout_multiplier(rng, x.shape, float(p), x.dtype)
+    if generator is not None and autograd.state.capture is not None:
+        autograd.state.capture.drew_from_given_generator()
     return Dropout.apply(x, Tensor._make(multiplier, x.backend, False))
 
 

@@ -319,6 +319,8 @@ class Tensor:
         """The same values, cut from the graph (shares memory, and the version count)."""
         out = Tensor._make(self._data, self.backend, False)
         out._version = self._version
+        if autograd.state.capture is not None:
+            autograd.state.capture.detached(out, self)
         return out
 
     def retain_grad(self) -> Tensor:
