@@ -40,19 +40,31 @@ HOST_DEVICES = frozenset({"cpu", "numpy"})           # whose arrays are numpy's
 def held_by_plan_only(recorder: Recorder) -> set[int]:
     """The external host arrays nothing but ``recorder`` holds, nor the arrays they view:
     made inside the captured function and dropped there, they cannot change later.  Read
-    from CPython's reference counts (the recorder's list, this frame's name, the call's
-    argument), exact for arrays, which no cycle holds."""
+    from CPython's reference counts, each taken of a list item (a new reference on every
+    version; a local name may be a borrowed one), against the count of an array only a list
+    holds (``_ALONE``); arrays hold no reference cycles."""
     held = set()
     for index, kind in enumerate(recorder.kinds):
-        array = recorder.arrays[index]
-        if kind != "external" or type(array) is not np.ndarray or sys.getrefcount(array) > 3:
+        if kind != "external" or type(recorder.arrays[index]) is not np.ndarray:
             continue
-        base = array.base                  # a view's base: held by the view and this name
-        while isinstance(base, np.ndarray) and sys.getrefcount(base) <= 3:
-            base = base.base
-        if base is None:
-            held.add(index)
+        link = [recorder.arrays[index]]
+        if _count(link) > _ALONE + 1:                  # the recorder's list and this one
+            continue
+        while isinstance(link[0].base, np.ndarray):
+            link[0] = link[0].base
+            if _count(link) > _ALONE + 1:              # its view's .base and this list
+                break
+        else:
+            if link[0].base is None:
+                held.add(index)
     return held
+
+
+def _count(items: list) -> int:
+    return sys.getrefcount(items[0])
+
+
+_ALONE = _count([np.empty(0)])
 
 
 def fold_constants(recorder: Recorder, entries: list, keep: set, kernel: Callable[[str, str], Callable],

@@ -278,6 +278,8 @@ class Op:
         if record:
             where = _user_frame() if state.anomaly else None
             out.node = Node(op, inputs, current_scope(), where, out._version.count)
+        if capture is not None:
+            capture.made_tensor(out)
         return out
 
     def attrs_text(self) -> str:

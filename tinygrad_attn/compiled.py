@@ -10,15 +10,18 @@ no Tensor, no graph, no version check.
     >>> loss = step(x2, y2)        # replays
     >>> print(step.source)
 
-The signature is the shapes, dtypes, devices and requires_grad of the Tensor and array
-arguments, the values of the arguments declared ``static``, grad mode and the default float.
-A plan also guards on what it read that is no argument: the identity of the parameters'
-arrays and of the optimizers' state arrays (``load_state_dict`` or ``to(device)`` replaces
-them, and the plan is captured again), the train/eval mode of every Module whose forward ran
-(dropout on or off), and whether each gradient it accumulates into was None when the capture
-began.  Dropout draws at every replay from the generator current then (``ta.random.using``,
-``ta.manual_seed``), as eager code would; a generator ``fn`` passes to dropout itself, or
-enters with ``using`` inside its body, stays the object the capture drew from.
+The signature is the parameter each Tensor and array argument is bound to, its shape, dtype,
+device and requires_grad, the values of the arguments declared ``static`` (types included, all
+the way down), grad mode and the default float.  A plan also guards on what it read that is no
+argument: the identity of the parameters' arrays and of the optimizers' state arrays
+(``load_state_dict`` or ``to(device)`` replaces them, and the plan is captured again), the
+parameters and child modules of every Module whose forward ran, their train/eval mode
+(dropout on or off) and the tensors' requires_grad, the optimizers' ``branches()`` (SGD's
+momentum on or off), arrays shared at the capture (an argument that was ``w.detach()`` or
+``w.grad``, parameters sharing one gradient), and whether each gradient it accumulates into
+was None when the capture began.  Dropout draws at every replay from the generator current
+then (``ta.random.using``, ``ta.manual_seed``), as eager code would; a generator ``fn`` passes
+to dropout itself stays the object the capture drew from.
 
 Nothing is silently frozen: reading a value computed from the inputs on the host while
 capturing (``item()``, ``numpy()``, ``float(t)``, ``bool(t)``, ``.data``) raises
@@ -26,8 +29,11 @@ capturing (``item()``, ``numpy()``, ``float(t)``, ``bool(t)``, ``.data``) raises
 Tensors made inside ``fn`` are kernel calls too: random draws (``Tensor.randn``) draw again
 at every replay, and host data (``Tensor(array)``, a numpy operand) is copied again, read as
 it is then (folded into a constant where only the plan holds the array).  Python itself is
-not replayed: values read from closures or attributes, and assignments to them, take effect
-at the capture only.
+not replayed, but state kept in it is noticed: tensors the plan reads that no module holds
+are held weakly, and one dropped since (a variable rebound, ``state.h`` replaced) kills the
+plan; so does a tensor the capture made that outlives the call (``state.h = out``, a layer
+made on its first call): the call captures again, and a function that keeps doing so runs
+eagerly after ``max_plans`` times, warned.
 """
 
 from __future__ import annotations
@@ -87,7 +93,7 @@ class _Leaf:
     argument: int | None          # the leaf is argument tensor k (a new object every call)
     expect_none: bool | None      # the guard on .grad at entry; None: never read before set
     grad_in: object = None        # the Slot of the gradient read at entry
-    shares: _Leaf | None = None   # a leaf whose .grad was this one's very tensor at entry
+    shares: _Leaf | None = None   # a leaf whose .grad held this one's .grad array at entry
     shares_argument: int | None = None    # the argument whose array this .grad was at entry
     made: bool = False            # made inside the function: a new tensor at every call
 
@@ -108,9 +114,9 @@ class _Capture:
         self.leaves: dict[int, _Leaf] = {}
         self.modules: dict[int, tuple] = {}        # id -> (Module, its training flag when called)
         self.sharers: dict[int, tuple] = {}        # id -> (tensor, k): it holds argument k's array
-        self.aliases: dict[int, tuple] = {}        # the sharers the function read
         self.sources: dict[int, tuple] = {}        # id -> (a detached tensor, what it detached)
         self.explicit: set[int] = set()            # entries that drew from a generator fn passed
+        self.made: list = []                       # weakrefs: the tensors made while recording
         self.backward_called = False
 
     def refuse(self, what: str):
@@ -146,6 +152,14 @@ class _Capture:
 
     def detached(self, out: Tensor, source: Tensor) -> None:
         self.sources[id(out)] = (out, source)
+        self.made_tensor(out)
+
+    def made_tensor(self, t: Tensor) -> None:
+        """``t`` was made by the function while it was captured (by an op, from host data, a
+        draw): if it outlives the call (kept in a Python attribute, a list, a layer made on
+        its first call), the plan would make it anew at every replay (``_Plan.first_enter``)."""
+        if not self.recorder.depth:
+            self.made.append(weakref.ref(t))
 
     def see(self, t: Tensor):
         """The slot of ``t``'s array; an unknown one is an external owned by ``t`` (by the
@@ -158,8 +172,6 @@ class _Capture:
             slot = recorder.external(t._data)
             if recorder.kinds[slot.index] == "external":
                 self.owners[slot.index] = t
-        elif id(t) in self.sharers:
-            self.aliases[id(t)] = self.sharers[id(t)]
         return slot
 
     def backward_of(self, node, chain=None) -> None:
@@ -305,25 +317,47 @@ class _Plan:
                                           # array, or a module's parameter or child module); a
                                           # holder may be a weakref (a tensor no module holds)
     modules: list                         # (Module, training flag)
-    grad_guards: list                     # (_Leaf, expect None)
     requires: list = ()                   # (Tensor or its weakref, requires_grad at the capture)
-    aliases: list = ()                    # (tensor, k): it held argument k's array at the capture
+    shared: bool = False                  # guards on arrays shared at the capture
     branches: list = ()                   # (optimizer, its branches() at the capture)
+    made: list = ()                       # weakrefs: tensors the capture made and did not return
+    escaped: bool = False                 # one of them outlived the call
+
+    def __post_init__(self):
+        self.replay = self.enter
+        if self.made:
+            self.enter = self.first_enter
 
     @property
     def source(self) -> str:
         return self.plan.source
 
+    def first_enter(self, *tensors):
+        """The first call after the capture: a tensor the capture made that is still alive
+        was kept by the function or its caller (state made on the first call, or stored at
+        every call); the plan would make it anew at every replay, so it dies and the call
+        captures again, now reading it.  Else later calls enter straight."""
+        if any(ref() is not None for ref in self.made):
+            gc.collect()                  # a graph's reference cycles may hold them a while
+            if any(ref() is not None for ref in self.made):
+                self.escaped = True
+                return _MISS
+        self.made = ()
+        self.enter = self.replay
+        return self.replay(*tensors)
+
     def alive(self) -> bool:
         """Whether every array the plan binds by identity is still where it was: a parameter
         or an optimizer's state replaced (``load_state_dict``, ``to(device)``) kills it."""
-        return all(_follow(holder, path) is array for holder, path, array in self.bound)
+        return not self.escaped and all(_follow(holder, path) is array for holder, path, array in self.bound)
 
     def gone(self) -> bool:
         """Whether a tensor the plan read, held by no module, has been dropped since."""
         return any(type(holder) is weakref.ref and holder() is None for holder, _, _ in self.bound)
 
     def why_not(self) -> str:
+        if self.escaped:
+            return "guard: a tensor the capture made outlived the call (state kept in Python)"
         if self.gone():
             return "guard: a tensor the plan read is gone (state kept in Python, replaced since?)"
         if not self.alive():
@@ -334,7 +368,7 @@ class _Plan:
             return "guard: a tensor's requires_grad changed"
         if any(opt.branches() != value for opt, value in self.branches):
             return "guard: an optimizer setting that chooses its update's kernels (momentum) changed"
-        if self.aliases or any(leaf.shares is not None for leaf, _ in self.grad_guards):
+        if self.shared:
             return "guard: a gradient's None-ness at entry, or an array shared at the capture, changed"
         return "guard: a gradient's None-ness at entry changed"
 
@@ -394,31 +428,18 @@ def _module_paths(modules) -> list:
     return found
 
 
-# The kernels that make a tensor's values from nothing the function computed.
-_CREATIONS = frozenset({"from_host", "random_normal", "random_uniform"})
-
-
-def _bind_made_parameters(capture: _Capture, paths: list) -> None:
-    """A tensor a module took while the capture ran (a layer making its parameters on its
-    first call) is bound by identity as the others are: made once, as eager code made it,
-    not again at every replay (where its updates and gradients would be lost)."""
-    recorder = capture.recorder
-    for _, _, value in paths:
-        slot = recorder.slot_of(value._data) if isinstance(value, Tensor) else None
-        if slot is None or recorder.kinds[slot.index] != "out":
+def _module_parameters(modules) -> set[int]:
+    """The ids of every parameter of the modules whose forward ran, and of all their
+    children: tensors a module keeps alive, which a plan may hold by name."""
+    found, seen, stack = set(), set(), list(modules)
+    while stack:
+        module = stack.pop()
+        if id(module) in seen:
             continue
-        index = next((i for i, e in enumerate(recorder.entries)
-                      if isinstance(e, Call) and e.outs == slot), None)
-        if index is None or recorder.entries[index].kernel not in _CREATIONS:
-            raise CaptureError(f"ta.compile: a module took the tensor {value.name or tuple(value.shape)} "
-                               f"computed while capturing; the plan cannot keep it. Call the layer once "
-                               f"before compiling the function")
-        del recorder.entries[index]
-        recorder.kinds[slot.index] = "external"
-        capture.owners[slot.index] = value
-        leaf = capture.leaves.get(id(value))
-        if leaf is not None:
-            leaf.made = False
+        seen.add(id(module))
+        found.update(id(p) for p in module._parameters.values() if p is not None)
+        stack += module._modules.values()
+    return found
 
 
 def _optimizer_paths(arrays: list) -> list:
@@ -489,11 +510,15 @@ class _Entry:
     pays on top of its kernels: with the key from positional arguments (``_fast_key``) a
     call costs ~1.3 us beyond its kernels, against ~6 us binding the signature and looping."""
 
-    def __init__(self, count: int):
+    def __init__(self, count: int, strong: set):
         self.params = [f"t{k}" for k in range(count)]
         self.namespace: dict = {"MISS": _MISS}
+        self.strong = strong                  # ids of the tensors held by name (modules' parameters)
+        self.prelude: list[str] = []          # o3 = ref3(): each weakly held tensor, read once
+        self.alive: list[str] = []            # o3 is None: the first guards
         self.guards: list[str] = []
         self.lines: list[str] = []
+        self._locals: dict[int, str] = {}
         self._names: dict[tuple[str, int], str] = {}     # (prefix, id) -> name; namespace keeps it alive
         self._counts: dict[str, int] = {}
 
@@ -505,10 +530,26 @@ class _Entry:
             self.namespace[key] = value
         return key
 
-    def leaf(self, leaf: _Leaf) -> str:
-        return self.params[leaf.argument] if leaf.argument is not None else self.name("leaf", leaf.tensor)
+    def tensor(self, t: Tensor) -> str:
+        """The name ``t`` goes by in the entry: a global for a parameter a module holds (the
+        module keeps it alive anyway), else a local read from a weakref at entry, whose
+        death misses: a plan must not keep alive, nor read, a tensor its function or the
+        caller dropped (state replaced between calls, a variable rebound)."""
+        if id(t) in self.strong:
+            return self.name("param", t)
+        local = self._locals.get(id(t))
+        if local is None:
+            number = len(self._locals)
+            local = self._locals[id(t)] = f"o{number}"
+            self.namespace[f"ref{number}"] = weakref.ref(t)
+            self.prelude.append(f"    {local} = ref{number}()")
+            self.alive.append(f"{local} is None")
+        return local
 
-    def output(self, spec, holders: dict) -> str:
+    def leaf(self, leaf: _Leaf) -> str:
+        return self.params[leaf.argument] if leaf.argument is not None else self.tensor(leaf.tensor)
+
+    def output(self, spec) -> str:
         if spec is None:
             return "None"
         kind, inner = spec[0], spec[1]
@@ -519,17 +560,14 @@ class _Entry:
         if kind == "grad":
             return f"{self.leaf(inner)}._grad"
         if kind == "object":
-            holder = holders.get(id(inner), inner)
-            if type(holder) is weakref.ref:          # alive: the guards passed
-                return f"{self.name('ref', holder)}()"
-            return self.name("param", inner)
+            return self.tensor(inner)
         if kind == "made":
             grad = f"results[{inner + 1}]" if spec[3] else "None"
             return f"made_leaf(results[{inner}], {self.name('backend', spec[2])}, {grad})"
         if kind is dict:
-            items = ", ".join(f"{self.name('key', k)}: {self.output(v, holders)}" for k, v in inner.items())
+            items = ", ".join(f"{self.name('key', k)}: {self.output(v)}" for k, v in inner.items())
             return "{" + items + "}"
-        parts = [self.output(v, holders) for v in inner]
+        parts = [self.output(v) for v in inner]
         if kind is list:
             return "[" + ", ".join(parts) + "]"
         return "(" + "".join(p + ", " for p in parts).rstrip(" ") + ")"
@@ -537,18 +575,18 @@ class _Entry:
     def source(self, name: str, described: list[str]) -> str:
         head = [f"def {name}({', '.join(self.params)}):"]
         head += [f"    # {p}: {d}" for p, d in zip(self.params, described, strict=True)]
-        if self.guards:
-            head.append("    if (" + "\n            or ".join(self.guards) + "):")
+        head += self.prelude
+        guards = self.alive + self.guards
+        if guards:
+            head.append("    if (" + "\n            or ".join(guards) + "):")
             head.append("        return MISS")
         return "\n".join(head + self.lines) + "\n"
 
 
 def _entry(plan, name: str, described: list[str], grad_ins: list, generator_slot, bound: list,
-           modules: list, grad_guards: list, grad_out: list, spec,
-           requires: list = (), aliases: list = (), branches: list = (),
-           holders: dict | None = None) -> tuple[Callable, str]:
-    holders = holders or {}
-    entry = _Entry(len(described))
+           modules: list, grad_guards: list, grad_out: list, spec, requires: list, aliases: list,
+           branches: list, strong: set) -> tuple[Callable, str]:
+    entry = _Entry(len(described), strong)
     entry.namespace.update(plan=plan.fn, make=Tensor._make, generator=_random.generator, made_leaf=_made_leaf)
     for leaf, none in grad_guards:
         entry.guards.append(f"{entry.leaf(leaf)}._grad is {'not ' if none else ''}None")
@@ -571,23 +609,17 @@ def _entry(plan, name: str, described: list[str], grad_ins: list, generator_slot
     for sharer, k in aliases:
         # A tensor that held an argument's array at the capture (``step(w.detach())``): the
         # plan reads the argument for both.
-        entry.guards.append(f"{entry.name('param', sharer)}._data is not {entry.params[k]}._data")
+        entry.guards.append(f"{entry.tensor(_strong(sharer))}._data is not {entry.params[k]}._data")
     for holder, path, array in bound:
-        if type(holder) is weakref.ref:
-            # A tensor no module holds, weakly: once dropped (a state attribute replaced by
-            # the function, a variable rebound by the caller) the plan would read a stale value.
-            entry.guards.append(f"getattr({entry.name('ref', holder)}(), {path[0][1]!r}, None) is not "
-                                f"{entry.name('array', array)}")
-            continue
-        prefix = "param" if isinstance(holder, Tensor) else "optimizer" if isinstance(holder, Optimizer) \
-            else "module"
-        entry.guards.append(f"{entry.name(prefix, holder)}{_path_text(path)} is not "
-                            f"{entry.name('array', array)}")
+        if isinstance(holder, (Tensor, weakref.ref)):
+            text = entry.tensor(_strong(holder))
+        else:
+            text = entry.name("optimizer" if isinstance(holder, Optimizer) else "module", holder)
+        entry.guards.append(f"{text}{_path_text(path)} is not {entry.name('array', array)}")
     for module, flag in modules:
         entry.guards.append(f"{'not ' if flag else ''}{entry.name('module', module)}.training")
-    for owner, flag in requires:      # after the bound guards: a weakref read here is alive
-        text = f"{entry.name('ref', owner)}()" if type(owner) is weakref.ref else entry.name("param", owner)
-        entry.guards.append(f"{'not ' if flag else ''}{text}.requires_grad")
+    for owner, flag in requires:
+        entry.guards.append(f"{'not ' if flag else ''}{entry.tensor(_strong(owner))}.requires_grad")
     arrays = [f"{p}._data" for p in entry.params]
     arrays += [f"{entry.leaf(leaf)}._grad._data" for leaf in grad_ins]
     if generator_slot is not None:
@@ -597,7 +629,7 @@ def _entry(plan, name: str, described: list[str], grad_ins: list, generator_slot
         target = entry.leaf(leaf)
         value = "None" if index is None else f"make(results[{index}], {target}.backend, False)"
         entry.lines.append(f"    {target}._grad = {value}")
-    entry.lines.append(f"    return {entry.output(spec, holders)}")
+    entry.lines.append(f"    return {entry.output(spec)}")
     source = entry.source(name, described)
     compile_source(source, f"<ta.compile {name}>", entry.namespace)
     return entry.namespace[name], source
@@ -639,7 +671,8 @@ class Compiled:
         self._names = list(parameters)
         self._fast: dict[tuple, tuple] = {}
         self._warned = False
-        self._gone = 0              # plans that died because a tensor they read was dropped
+        self._gone = 0              # plans that died of state kept in Python (_Plan.gone, escaped)
+        self._state_warned = False
         self.__wrapped__ = fn
 
     @property
@@ -753,14 +786,19 @@ class Compiled:
             # A parameter or an optimizer's state was replaced: those plans are dead.
             dead = [p for p in candidates if not p.alive()]
             reason = (dead or candidates)[-1].why_not()
-            if any(p.gone() for p in dead):
+            escaped = any(p.escaped for p in dead)
+            if escaped or any(p.gone() for p in dead):
+                # State kept in Python: a plan cannot replay it. Once is a layer or a cache
+                # made on the first call (captured again, it is read); again is state that
+                # changes at every call (warned; eager after max_plans).
                 self._gone += 1
-                if self._gone == 1:
-                    warnings.warn(f"ta.compile({self.fn.__qualname__}): a tensor a plan read, held by no "
-                                  f"module, was dropped since the capture (state kept in a Python "
-                                  f"attribute or variable and replaced?): capturing again, and after "
-                                  f"{self.max_plans} times running eagerly. A plan replays kernels, not "
-                                  f"Python: pass such state as an argument and return its new value",
+                if not self._state_warned and (self._gone > 1 or not escaped):
+                    self._state_warned = True
+                    warnings.warn(f"ta.compile({self.fn.__qualname__}): a tensor a plan read was dropped "
+                                  f"since its capture, or one the capture made outlived the call (state "
+                                  f"kept in a Python attribute, list or variable): capturing again, and "
+                                  f"after {self.max_plans} times running eagerly. A plan replays kernels, "
+                                  f"not Python: pass such state as an argument and return its new value",
                                   UserWarning, stacklevel=3)
         with _CAPTURE_LOCK:
             for plan in dead:
@@ -813,6 +851,7 @@ class Compiled:
                 finally:
                     autograd.state.capture = None
             plan = self._build(capture, key, inputs, spec, outputs, tensors, generator)
+            made = {id(ref()) for ref in plan.made}
             # The plan holds what it guards on; the capture must not keep the rest alive (a
             # tensor held weakly, dropped by the function, has to die for its guard to fail).
             recorder.on_read = None
@@ -825,13 +864,12 @@ class Compiled:
         self.stats.reason = reason
         _log.info("ta.compile(%s): captured plan %d (%s), %d kernel calls", self.fn.__qualname__,
                   self.stats.captures, reason, plan.plan.calls)
-        return _without_graph(result)
+        return _returned(result, made)
 
     def _build(self, capture: _Capture, key, inputs, spec, outputs, tensors, generator) -> _Plan:
         recorder = capture.recorder
         modules = list(capture.modules.values())
         module_paths = _module_paths(module for module, _ in modules)
-        _bind_made_parameters(capture, module_paths)
         grad_ins = [leaf for leaf in capture.leaves.values() if leaf.grad_in is not None]
         taken = {name for name, _ in inputs}
         for leaf in grad_ins:
@@ -868,10 +906,9 @@ class Compiled:
         name = _identifier(f"{getattr(self.fn, '__name__', 'fn')}_plan_{number}")
         plan = build_plan(recorder, name=name, title=title, inputs=inputs, returns=returns,
                           external_names=external_names, device=device, resolve=get_backend, fuse=self.fuse)
-        # Tensors no module holds are held weakly: a plan must not keep alive, and read, a
-        # tensor its function or the caller has dropped (state replaced between calls).
-        parameters = {id(value) for _, _, value in module_paths}
-        holders = {index: owner if id(owner) in parameters else weakref.ref(owner)
+        # Tensors no module holds are held weakly (_Entry.tensor).
+        strong = _module_parameters(module for module, _ in modules)
+        holders = {index: owner if id(owner) in strong else weakref.ref(owner)
                    for index, owner in capture.owners.items()}
         bound = [(holders[index], (("attr", "_data"),), recorder.arrays[index]) for index in capture.owners]
         unowned = [recorder.arrays[i] for i, kind in enumerate(recorder.kinds)
@@ -883,13 +920,18 @@ class Compiled:
                        if leaf.expect_none is not None and not leaf.made]
         # A tensor the plan reads but takes no gradient for, or the reverse, must stay so.
         requires = [(holders[index], bool(t.requires_grad)) for index, t in capture.owners.items()]
-        aliases = list(capture.aliases.values())
+        # Every tensor that held an argument's array at the capture, read through an op or
+        # not (an optimizer reads its parameters' arrays directly).
+        aliases = [(t if id(t) in strong else weakref.ref(t), k) for t, k in capture.sharers.values()]
         optimizers = {id(holder): holder for holder, _, _ in bound if isinstance(holder, Optimizer)}
         branches = [(opt, opt.branches()) for opt in optimizers.values() if opt.branches()]
         enter, entry_source = _entry(plan, f"enter_{name}", described, grad_ins, generator_slot, bound,
                                      modules, grad_guards, grad_out, spec, requires, aliases, branches,
-                                     {id(capture.owners[index]): holder for index, holder in holders.items()})
-        return _Plan(plan, enter, entry_source, bound, modules, grad_guards, requires, aliases, branches)
+                                     strong)
+        shared = bool(aliases) or any(leaf.shares is not None or leaf.shares_argument is not None
+                                      for leaf in capture.leaves.values())
+        made = [ref for ref in capture.made if ref() is not None]
+        return _Plan(plan, enter, entry_source, bound, modules, requires, shared, branches, made)
 
 
 def _sharers(t: Tensor, arguments: list) -> list:
@@ -963,15 +1005,23 @@ def _made_leaf(data, backend, grad) -> Tensor:
     return t
 
 
-def _without_graph(value):
-    """The capture's result as replays return it: its tensors without their graph (backward
-    ran inside, or grad was off), which would keep the tensors the function read alive."""
+def _returned(value, made: set):
+    """The capture's result as replays return it: each tensor the function made is a new
+    tensor over its array, without a graph (a leaf keeps requires_grad and its gradient);
+    arguments, parameters and gradients are themselves.  The tensors made stay the
+    function's: one it also kept (``state.h = out; return out``) outlives the call alone,
+    and ``_Plan.first_enter`` sees it."""
     if isinstance(value, Tensor):
-        return value if value.node is None else Tensor._make(value._data, value.backend, False)
+        if id(value) not in made:
+            return value
+        leaf = value.node is None and value.requires_grad
+        copy = Tensor._make(value._data, value.backend, leaf)
+        copy._grad = value._grad if leaf else None
+        return copy
     if type(value) in (tuple, list):
-        return type(value)(_without_graph(v) for v in value)
+        return type(value)(_returned(v, made) for v in value)
     if type(value) is dict:
-        return {k: _without_graph(v) for k, v in value.items()}
+        return {k: _returned(v, made) for k, v in value.items()}
     return value
 
 

@@ -130,6 +130,8 @@ class Tensor:
         self.node: Node | None = None
         self.name = name
         self._retains_grad = False
+        if autograd.state.capture is not None:
+            autograd.state.capture.made_tensor(self)
 
     @classmethod
     def _make(cls, data, backend, requires_grad: bool) -> Tensor:
@@ -569,8 +571,11 @@ class Tensor:
             raise DTypeError(f"Tensor: only float tensors can require grad, got {resolved} "
                              f"of shape {shape}")
         backend = get_backend(device)
-        return Tensor._make(getattr(backend, kernel)(_random.generator(), shape, resolved), backend,
-                            bool(requires_grad))
+        out = Tensor._make(getattr(backend, kernel)(_random.generator(), shape, resolved), backend,
+                           bool(requires_grad))
+        if autograd.state.capture is not None:
+            autograd.state.capture.made_tensor(out)
+        return out
 
     @staticmethod
     def arange(start, stop=None, step=1, dtype=None, device="cpu") -> Tensor:

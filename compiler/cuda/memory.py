@@ -23,7 +23,8 @@ def asarray(data, dtype):
 
 
 def from_host(data, dtype):
-    return cuda.to_device(np.array(data, dtype=dtype, copy=True, order="C"))
+    # to_device copies: the host array needs no copy of its own (np.asarray keeps 0-d 0-d).
+    return cuda.to_device(np.asarray(data, dtype=dtype, order="C"))
 
 
 def random_normal(generator, shape, dtype):

@@ -154,7 +154,7 @@ class Transformer(TorchTwin, nn.Module):
         elif self.config["positions"] == "learned":
             x = x + self.position(np.arange(start, start + length)[None, :])
         else:
-            x = x + Tensor(self._sinusoids[start:start + length], dtype=x.dtype, device=x.device)
+            x = x + self._table(x)[start:start + length]
         return self.drop(x)
 
     def encode(self, src: np.ndarray | Tensor) -> Tensor:
@@ -457,6 +457,12 @@ class Transformer(TorchTwin, nn.Module):
         index = position.reshape(1, 1)
         if self.config["positions"] == "learned":
             return self.position(index)
+        # The row read by the device's gather directly: ``decode_start`` keeps the position
+        # within the table, so no per-step range check waits on the device.
+        return decoding.take_rows(self._table(like), index.reshape(1)).reshape(1, 1, self.d_model)
+
+    def _table(self, like: Tensor) -> Tensor:
+        """The sinusoid table as a Tensor of ``like``'s dtype and device, made once."""
         tables = _TABLES.setdefault(self, {})
         key = (like.dtype, like.device)
         if key not in tables:
@@ -464,9 +470,7 @@ class Transformer(TorchTwin, nn.Module):
             # would be made again at every replay.
             with outside_capture():
                 tables[key] = Tensor(self._sinusoids, dtype=like.dtype, device=like.device)
-        # The row read by the device's gather directly: ``decode_start`` keeps the position
-        # within the table, so no per-step range check waits on the device.
-        return decoding.take_rows(tables[key], index.reshape(1)).reshape(1, 1, self.d_model)
+        return tables[key]
 
 # Per model: the sinusoid table as a Tensor, per (dtype, device) (a constant a plan reads).
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
