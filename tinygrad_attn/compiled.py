@@ -29,11 +29,12 @@ capturing (``item()``, ``numpy()``, ``float(t)``, ``bool(t)``, ``.data``) raises
 Tensors made inside ``fn`` are kernel calls too: random draws (``Tensor.randn``) draw again
 at every replay, and host data (``Tensor(array)``, a numpy operand) is copied again, read as
 it is then (folded into a constant where only the plan holds the array).  Python itself is
-not replayed, but state kept in it is noticed: tensors the plan reads that no module holds
-are held weakly, and one dropped since (a variable rebound, ``state.h`` replaced) kills the
-plan; so does a tensor the capture made that outlives the call (``state.h = out``, a layer
-made on its first call): the call captures again, and a function that keeps doing so runs
-eagerly after ``max_plans`` times, warned.
+not replayed, but state kept in tensors is noticed where the capture sees them made (ops,
+constructors, draws, detach, comparisons, casts): one that outlives the call (``state.h =
+out``, a layer or a mask made on its first call; not a gradient the step sets) kills the
+plan at the next call, and so does a tensor the plan read, held by no module (weakly), that
+was dropped since (a variable rebound): the call captures again, and a signature that keeps
+doing so runs eagerly after ``max_plans`` times, warned.
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ class _Capture:
         self.leaves: dict[int, _Leaf] = {}
         self.modules: dict[int, tuple] = {}        # id -> (Module, its training flag when called)
         self.sharers: dict[int, tuple] = {}        # id -> (tensor, k): it holds argument k's array
+        self.aliases: dict[int, tuple] = {}        # the sharers an op read
         self.sources: dict[int, tuple] = {}        # id -> (a detached tensor, what it detached)
         self.explicit: set[int] = set()            # entries that drew from a generator fn passed
         self.made: list = []                       # weakrefs: the tensors made while recording
@@ -172,6 +174,8 @@ class _Capture:
             slot = recorder.external(t._data)
             if recorder.kinds[slot.index] == "external":
                 self.owners[slot.index] = t
+        elif id(t) in self.sharers:
+            self.aliases[id(t)] = self.sharers[id(t)]
         return slot
 
     def backward_of(self, node, chain=None) -> None:
@@ -428,6 +432,18 @@ def _module_paths(modules) -> list:
     return found
 
 
+def _graph_of(tensors) -> set[int]:
+    """The ids of ``tensors`` and of every tensor their graphs reach."""
+    seen, stack = set(), list(tensors)
+    while stack:
+        t = stack.pop()
+        if id(t) not in seen:
+            seen.add(id(t))
+            if t.node is not None:
+                stack += t.node.inputs
+    return seen
+
+
 def _module_parameters(modules) -> set[int]:
     """The ids of every parameter of the modules whose forward ran, and of all their
     children: tensors a module keeps alive, which a plan may hold by name."""
@@ -519,6 +535,7 @@ class _Entry:
         self.guards: list[str] = []
         self.lines: list[str] = []
         self._locals: dict[int, str] = {}
+        self._outputs: dict[int, str] = {}
         self._names: dict[tuple[str, int], str] = {}     # (prefix, id) -> name; namespace keeps it alive
         self._counts: dict[str, int] = {}
 
@@ -530,11 +547,11 @@ class _Entry:
             self.namespace[key] = value
         return key
 
-    def tensor(self, t: Tensor) -> str:
+    def tensor(self, t: Tensor, alive: bool = True) -> str:
         """The name ``t`` goes by in the entry: a global for a parameter a module holds (the
         module keeps it alive anyway), else a local read from a weakref at entry, whose
-        death misses: a plan must not keep alive, nor read, a tensor its function or the
-        caller dropped (state replaced between calls, a variable rebound)."""
+        death misses (``alive``): a plan must not keep alive, nor read, a tensor its function
+        or the caller dropped (state replaced between calls, a variable rebound)."""
         if id(t) in self.strong:
             return self.name("param", t)
         local = self._locals.get(id(t))
@@ -543,6 +560,7 @@ class _Entry:
             local = self._locals[id(t)] = f"o{number}"
             self.namespace[f"ref{number}"] = weakref.ref(t)
             self.prelude.append(f"    {local} = ref{number}()")
+        if alive and f"{local} is None" not in self.alive:
             self.alive.append(f"{local} is None")
         return local
 
@@ -553,8 +571,12 @@ class _Entry:
         if spec is None:
             return "None"
         kind, inner = spec[0], spec[1]
-        if kind == "tensor":
-            return f"make(results[{inner}], {self.name('backend', spec[2])}, False)"
+        if kind == "tensor":             # once a result: one tensor returned twice is one
+            if inner not in self._outputs:
+                self._outputs[inner] = f"r{inner}"
+                backend = self.name("backend", spec[2])
+                self.lines.append(f"    r{inner} = make(results[{inner}], {backend}, False)")
+            return self._outputs[inner]
         if kind == "argument":
             return self.params[inner]
         if kind == "grad":
@@ -585,7 +607,7 @@ class _Entry:
 
 def _entry(plan, name: str, described: list[str], grad_ins: list, generator_slot, bound: list,
            modules: list, grad_guards: list, grad_out: list, spec, requires: list, aliases: list,
-           branches: list, strong: set) -> tuple[Callable, str]:
+           branches: list, strong: set, pinned: list = ()) -> tuple[Callable, str]:
     entry = _Entry(len(described), strong)
     entry.namespace.update(plan=plan.fn, make=Tensor._make, generator=_random.generator, made_leaf=_made_leaf)
     for leaf, none in grad_guards:
@@ -608,8 +630,14 @@ def _entry(plan, name: str, described: list[str], grad_ins: list, generator_slot
                             f"{entry.name('branches', value)}")
     for sharer, k in aliases:
         # A tensor that held an argument's array at the capture (``step(w.detach())``): the
-        # plan reads the argument for both.
-        entry.guards.append(f"{entry.tensor(_strong(sharer))}._data is not {entry.params[k]}._data")
+        # plan reads the argument for both.  One since dropped is read by no one: no miss.
+        local = entry.tensor(_strong(sharer), alive=False)
+        if type(sharer) is weakref.ref:
+            entry.guards.append(f"({local} is not None and {local}._data is not {entry.params[k]}._data)")
+        else:
+            entry.guards.append(f"{local}._data is not {entry.params[k]}._data")
+    for param, k in pinned:
+        entry.guards.append(f"{entry.params[k]} is not {entry.tensor(_strong(param))}")
     for holder, path, array in bound:
         if isinstance(holder, (Tensor, weakref.ref)):
             text = entry.tensor(_strong(holder))
@@ -671,8 +699,9 @@ class Compiled:
         self._names = list(parameters)
         self._fast: dict[tuple, tuple] = {}
         self._warned = False
-        self._gone = 0              # plans that died of state kept in Python (_Plan.gone, escaped)
+        self._gone: dict[tuple, int] = {}    # key -> its plans that died of state kept in Python
         self._state_warned = False
+        self._shared_warned = False
         self.__wrapped__ = fn
 
     @property
@@ -772,6 +801,11 @@ class Compiled:
         if len({id(t._data) for t in tensors}) < len(tensors):
             # Arguments sharing an array (f(a, a)): a plan binds buffers by identity and cannot
             # keep them apart, so this call runs eagerly.
+            if not self._shared_warned:
+                self._shared_warned = True
+                warnings.warn(f"ta.compile({self.fn.__qualname__}): arguments share an array (one "
+                              f"tensor passed twice?): such calls run eagerly. Pass a copy to replay",
+                              UserWarning, stacklevel=3)
             self.stats.eager_calls += 1
             return self.fn(*call_args, **call_kwargs)
         candidates = self._plans.get(key)
@@ -791,8 +825,8 @@ class Compiled:
                 # State kept in Python: a plan cannot replay it. Once is a layer or a cache
                 # made on the first call (captured again, it is read); again is state that
                 # changes at every call (warned; eager after max_plans).
-                self._gone += 1
-                if not self._state_warned and (self._gone > 1 or not escaped):
+                misses = self._gone[key] = self._gone.get(key, 0) + 1
+                if not self._state_warned and (misses > 1 or not escaped):
                     self._state_warned = True
                     warnings.warn(f"ta.compile({self.fn.__qualname__}): a tensor a plan read was dropped "
                                   f"since its capture, or one the capture made outlived the call (state "
@@ -812,11 +846,11 @@ class Compiled:
                     self.stats.replays += 1
                     self._remember(fast_key, args, self._plans[key])
                     return result
-            if self.stats.plans < self.max_plans and self._gone < self.max_plans:
+            if self.stats.plans < self.max_plans and self._gone.get(key, 0) < self.max_plans:
                 result = self._capture(key, reason, call_args, call_kwargs, tensors, names)
                 self._remember(fast_key, args, self._plans[key])
                 return result
-        if not self._warned and self._gone < self.max_plans:
+        if not self._warned and self._gone.get(key, 0) < self.max_plans:
             self._warned = True
             warnings.warn(f"ta.compile({self.fn.__qualname__}): {self.max_plans} plans captured "
                           f"already (max_plans); running eagerly from now on for new signatures "
@@ -858,13 +892,17 @@ class Compiled:
             capture.owners.clear()
             capture.sharers.clear()
             capture.sources.clear()
-        self._plans.setdefault(key, []).append(plan)
+            # What the caller gets, before the plan is seen: another thread's first replay
+            # must not find this call's own tensors alive as if kept (_Plan.first_enter).
+            returned = _returned(result, made)
+            del result
+            self._plans.setdefault(key, []).append(plan)
         self.stats.plans += 1
         self.stats.captures += 1
         self.stats.reason = reason
         _log.info("ta.compile(%s): captured plan %d (%s), %d kernel calls", self.fn.__qualname__,
                   self.stats.captures, reason, plan.plan.calls)
-        return _returned(result, made)
+        return returned
 
     def _build(self, capture: _Capture, key, inputs, spec, outputs, tensors, generator) -> _Plan:
         recorder = capture.recorder
@@ -920,17 +958,28 @@ class Compiled:
                        if leaf.expect_none is not None and not leaf.made]
         # A tensor the plan reads but takes no gradient for, or the reverse, must stay so.
         requires = [(holders[index], bool(t.requires_grad)) for index, t in capture.owners.items()]
-        # Every tensor that held an argument's array at the capture, read through an op or
-        # not (an optimizer reads its parameters' arrays directly).
-        aliases = [(t if id(t) in strong else weakref.ref(t), k) for t, k in capture.sharers.values()]
+        # The tensors that held an argument's array at the capture and that the plan read: by
+        # an op, or as a leaf taking gradients (an optimizer reads its parameters' arrays
+        # directly); a tensor held only by the caller (``h`` for ``step(h.detach())``) is not.
+        aliases = [(t if id(t) in strong else weakref.ref(t), k) for t, k in capture.sharers.values()
+                   if id(t) in capture.aliases or (t.requires_grad and t.node is None)]
+        # An argument that is itself a parameter (``f(model.weight, x)``): the plan reads the
+        # argument where the layer read its weight, so it holds while they are one tensor.
         optimizers = {id(holder): holder for holder, _, _ in bound if isinstance(holder, Optimizer)}
+        persistent = strong | {id(p) for opt in optimizers.values() for p in opt.params}
+        pinned = [(t if id(t) in strong else weakref.ref(t), k) for k, t in enumerate(tensors)
+                  if id(t) in persistent]
         branches = [(opt, opt.branches()) for opt in optimizers.values() if opt.branches()]
         enter, entry_source = _entry(plan, f"enter_{name}", described, grad_ins, generator_slot, bound,
                                      modules, grad_guards, grad_out, spec, requires, aliases, branches,
-                                     strong)
+                                     strong, pinned)
         shared = bool(aliases) or any(leaf.shares is not None or leaf.shares_argument is not None
                                       for leaf in capture.leaves.values())
-        made = [ref for ref in capture.made if ref() is not None]
+        # Gradients the plan writes outlive the call by design (a step may set ``p.grad``
+        # to a tensor it computed), and so does the graph that computed them.
+        grads = _graph_of(leaf.tensor._grad for leaf in capture.leaves.values()
+                          if not leaf.made and leaf.tensor._grad is not None)
+        made = [ref for ref in capture.made if ref() is not None and id(ref()) not in grads]
         return _Plan(plan, enter, entry_source, bound, modules, requires, shared, branches, made)
 
 
@@ -1005,67 +1054,75 @@ def _made_leaf(data, backend, grad) -> Tensor:
     return t
 
 
-def _returned(value, made: set):
+def _returned(value, made: set, copies: dict | None = None):
     """The capture's result as replays return it: each tensor the function made is a new
     tensor over its array, without a graph (a leaf keeps requires_grad and its gradient);
     arguments, parameters and gradients are themselves.  The tensors made stay the
     function's: one it also kept (``state.h = out; return out``) outlives the call alone,
     and ``_Plan.first_enter`` sees it."""
+    copies = {} if copies is None else copies        # one tensor returned twice: one copy
     if isinstance(value, Tensor):
         if id(value) not in made:
             return value
-        leaf = value.node is None and value.requires_grad
-        copy = Tensor._make(value._data, value.backend, leaf)
-        copy._grad = value._grad if leaf else None
-        return copy
+        if id(value) not in copies:
+            leaf = value.node is None and value.requires_grad
+            copies[id(value)] = copy = Tensor._make(value._data, value.backend, leaf)
+            copy._grad = value._grad if leaf else None
+        return copies[id(value)]
     if type(value) in (tuple, list):
-        return type(value)(_returned(v, made) for v in value)
+        return type(value)(_returned(v, made, copies) for v in value)
     if type(value) is dict:
-        return {k: _returned(v, made) for k, v in value.items()}
+        return {k: _returned(v, made, copies) for k, v in value.items()}
     return value
 
 
 def _output_spec(capture: _Capture, result):
     """(the structure of ``result`` with Tensors as ("tensor", index, backend), their slots)."""
     slots: list = []
-    return _spec_of(result, capture, slots), slots
+    return _spec_of(result, capture, slots, {}), slots
 
 
-def _spec_of(value, capture: _Capture, slots: list):
+def _spec_of(value, capture: _Capture, slots: list, memo: dict):
     # A function of its own, not a closure calling itself: that cycle would keep the capture,
     # and the tensors it read, alive until a garbage collection.
     if isinstance(value, Tensor):
-        if value.requires_grad and value.node is not None and not capture.backward_called:
-            raise CaptureError("ta.compile: the compiled function returned a tensor that requires "
-                               "grad without calling backward; its outputs have no graph. Call "
-                               "backward inside the function, or run it under ta.no_grad()")
-        # What eager code returns, object for object: an argument, a tensor the function
-        # read (a parameter), a leaf's gradient as the leaf holds it after the call, a leaf
-        # made inside with its gradient; anything else a new tensor over the result.
-        if id(value) in capture.arguments:
-            return ("argument", capture.arguments[id(value)])
-        leaf = next((leaf for leaf in capture.leaves.values() if leaf.tensor._grad is value), None)
-        if leaf is not None and not leaf.made:
-            return ("grad", leaf)
-        slot = capture.see(value)
-        if capture.owners.get(slot.index) is value:
-            return ("object", value)
-        slots.append(slot)
-        if value.node is None and value.requires_grad:
-            grad = value._grad
-            if grad is not None:
-                slots.append(capture.see(grad))
-            return ("made", len(slots) - 1 - (grad is not None), value.backend, grad is not None)
-        return ("tensor", len(slots) - 1, value.backend)
+        if id(value) not in memo:
+            memo[id(value)] = _tensor_spec(value, capture, slots)
+        return memo[id(value)]
     if value is None:
         return None
     if type(value) in (tuple, list):
-        return (type(value), [_spec_of(v, capture, slots) for v in value])
+        return (type(value), [_spec_of(v, capture, slots, memo) for v in value])
     if type(value) is dict:
-        return (dict, {k: _spec_of(v, capture, slots) for k, v in value.items()})
+        return (dict, {k: _spec_of(v, capture, slots, memo) for k, v in value.items()})
     raise CaptureError(f"ta.compile: the compiled function returned a {type(value).__name__}; "
                        f"return Tensors (in tuples, lists or dicts) or None: other values "
                        f"would be frozen into the plan")
+
+
+def _tensor_spec(value: Tensor, capture: _Capture, slots: list):
+    if value.requires_grad and value.node is not None and not capture.backward_called:
+        raise CaptureError("ta.compile: the compiled function returned a tensor that requires "
+                           "grad without calling backward; its outputs have no graph. Call "
+                           "backward inside the function, or run it under ta.no_grad()")
+    # What eager code returns, object for object: an argument, a tensor the function read (a
+    # parameter), a leaf's gradient as the leaf holds it after the call, a leaf made inside
+    # with its gradient; anything else a new tensor over the result.
+    if id(value) in capture.arguments:
+        return ("argument", capture.arguments[id(value)])
+    leaf = next((leaf for leaf in capture.leaves.values() if leaf.tensor._grad is value), None)
+    if leaf is not None and not leaf.made:
+        return ("grad", leaf)
+    slot = capture.see(value)
+    if capture.owners.get(slot.index) is value:
+        return ("object", value)
+    slots.append(slot)
+    if value.node is None and value.requires_grad:
+        grad = value._grad
+        if grad is not None:
+            slots.append(capture.see(grad))
+        return ("made", len(slots) - 1 - (grad is not None), value.backend, grad is not None)
+    return ("tensor", len(slots) - 1, value.backend)
 
 
 def compile(fn=None, *, static=(), max_plans: int = 8, fuse: bool = False):  # noqa: A001 - as torch.compile

@@ -147,6 +147,16 @@ class Tensor:
         t._retains_grad = False
         return t
 
+    @classmethod
+    def _made(cls, data, backend, requires_grad: bool) -> Tensor:
+        """``_make`` for a tensor handed to user code outside ``Op.apply`` (a comparison's
+        mask, a cast, a norm): reported to a ``ta.compile`` capture in progress, which must
+        know the tensors a function makes (one it keeps in Python outlives the call)."""
+        t = cls._make(data, backend, requires_grad)
+        if autograd.state.capture is not None:
+            autograd.state.capture.made_tensor(t)
+        return t
+
     # ------------------------------------------------------------ properties
 
     @property
@@ -281,7 +291,7 @@ class Tensor:
         data = target.asarray(self.backend.to_numpy(self._data), self.dtype)
         if data is self._data:      # between the two host devices nothing was copied yet
             data = target.copy(data)
-        out = Tensor._make(data, target, self.requires_grad)
+        out = Tensor._made(data, target, self.requires_grad)
         out.name = self.name
         return out
 
@@ -292,7 +302,7 @@ class Tensor:
             return self
         if dtype.kind == "f" and self.dtype.kind == "f":
             return Cast.apply(self, dtype=dtype.name)
-        return Tensor._make(self.backend.astype(self._data, dtype), self.backend, False)
+        return Tensor._made(self.backend.astype(self._data, dtype), self.backend, False)
 
     def float(self) -> Tensor:
         return self.astype(np.float32)
@@ -420,7 +430,7 @@ class Tensor:
             raise autograd.DeviceError(f"{kernel}: inputs are on different devices ({self.device} "
                                        f"{self.shape}, {other.device} {other.shape}); move them "
                                        f"with .to(device) first")
-        return Tensor._make(getattr(self.backend, kernel)(self._data, other._data), self.backend, False)
+        return Tensor._made(getattr(self.backend, kernel)(self._data, other._data), self.backend, False)
 
     def __eq__(self, other):  # type: ignore[override]
         return self._compare(other, "eq")
@@ -571,11 +581,8 @@ class Tensor:
             raise DTypeError(f"Tensor: only float tensors can require grad, got {resolved} "
                              f"of shape {shape}")
         backend = get_backend(device)
-        out = Tensor._make(getattr(backend, kernel)(_random.generator(), shape, resolved), backend,
-                           bool(requires_grad))
-        if autograd.state.capture is not None:
-            autograd.state.capture.made_tensor(out)
-        return out
+        return Tensor._made(getattr(backend, kernel)(_random.generator(), shape, resolved), backend,
+                            bool(requires_grad))
 
     @staticmethod
     def arange(start, stop=None, step=1, dtype=None, device="cpu") -> Tensor:

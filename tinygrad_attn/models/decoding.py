@@ -673,4 +673,4 @@ def take_rows(x, rows):
     backend, rest = x.backend, tuple(x.shape[1:])
     table = backend.reshape(x._data, (x.shape[0], math.prod(rest)))
     out = backend.embedding(table, rows._data)
-    return Tensor._make(backend.reshape(out, (rows.shape[0],) + rest), backend, False)
+    return Tensor._made(backend.reshape(out, (rows.shape[0],) + rest), backend, False)

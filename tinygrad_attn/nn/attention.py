@@ -272,7 +272,7 @@ class MultiHeadAttention(Module):
             with ScaledDotProduct.keeping() as kept:
                 context = ScaledDotProduct.apply(*inputs, scale=1.0 / math.sqrt(k.shape[-1]), causal=False)
             [op] = kept
-            weights = Tensor._make(op.weights(), context.backend, False)                    # (B, H, 1, S)
+            weights = Tensor._made(op.weights(), context.backend, False)                    # (B, H, 1, S)
         else:
             context, _ = attention.scaled_dot_product(q, k, v, mask=mask, need_weights=False)
             weights = None

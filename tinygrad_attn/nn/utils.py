@@ -74,4 +74,4 @@ def clip_grad_norm_(parameters, max_norm: float, norm_type: float = 2.0,
     for g in grads:
         g._version.count += 1                  # scaled in place, as writing ``.data`` counts
     backend.clip_(arrays, total, max_norm)
-    return Tensor._make(total, backend, False)
+    return Tensor._made(total, backend, False)
