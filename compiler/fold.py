@@ -31,7 +31,7 @@ import numpy as np
 
 from .capture import Call, Const, Recorder, Slot, View, slot_indices
 
-__all__ = ["FOLDABLE", "describe", "fold_constants", "held_by_plan_only"]
+__all__ = ["FOLDABLE", "describe", "fold_constants", "held_by_plan_only", "held_only_by"]
 
 FOLDABLE = frozenset({"full", "reshape", "broadcast_to", "from_host"})
 HOST_DEVICES = frozenset({"cpu", "numpy"})           # whose arrays are numpy's
@@ -62,6 +62,11 @@ def held_by_plan_only(recorder: Recorder) -> set[int]:
 
 def _count(items: list) -> int:
     return sys.getrefcount(items[0])
+
+
+def held_only_by(items: list, index: int) -> bool:
+    """Whether nothing but the list ``items`` holds ``items[index]`` (CPython's count)."""
+    return sys.getrefcount(items[index]) <= _ALONE
 
 
 _ALONE = _count([np.empty(0)])

@@ -59,6 +59,7 @@ from . import random as _random
 from .autograd import current_scope, is_grad_enabled
 from .compiler import get_backend
 from .compiler.capture import Call, CaptureError, Const, Recorder, Slot, recording_all
+from .compiler.fold import held_only_by
 from .compiler.plan import build_plan
 from .compiler.source import compile_source
 from .optim import Optimizer
@@ -272,9 +273,10 @@ class _Capture:
         self._leaf(t, False)
 
     def module_called(self, module) -> None:
-        """``Module.__call__``'s report: the plan holds for this train/eval mode only."""
+        """A module's forward ran, or its ``training`` was read: the plan holds for this
+        train/eval mode only."""
         if id(module) not in self.modules:
-            self.modules[id(module)] = (module, bool(module.training))
+            self.modules[id(module)] = (module, bool(module.__dict__["_training"]))
 
 
 class _ChainGrad:
@@ -823,10 +825,11 @@ class Compiled:
             escaped = any(p.escaped for p in dead)
             if escaped or any(p.gone() for p in dead):
                 # State kept in Python: a plan cannot replay it. Once is a layer or a cache
-                # made on the first call (captured again, it is read); again is state that
-                # changes at every call (warned; eager after max_plans).
+                # made on the first call, or a tensor swapped once (captured again, it is
+                # read); again is state that changes at every call (warned; eager after
+                # max_plans).
                 misses = self._gone[key] = self._gone.get(key, 0) + 1
-                if not self._state_warned and (misses > 1 or not escaped):
+                if not self._state_warned and misses > 1:
                     self._state_warned = True
                     warnings.warn(f"ta.compile({self.fn.__qualname__}): a tensor a plan read was dropped "
                                   f"since its capture, or one the capture made outlived the call (state "
@@ -848,7 +851,8 @@ class Compiled:
                     return result
             if self.stats.plans < self.max_plans and self._gone.get(key, 0) < self.max_plans:
                 result = self._capture(key, reason, call_args, call_kwargs, tensors, names)
-                self._remember(fast_key, args, self._plans[key])
+                if key in self._plans:              # not when the capture ran eagerly only
+                    self._remember(fast_key, args, self._plans[key])
                 return result
         if not self._warned and self._gone.get(key, 0) < self.max_plans:
             self._warned = True
@@ -876,7 +880,8 @@ class Compiled:
                 capture.sharers.update((id(other), (other, k)) for other in _sharers(t, tensors))
                 inputs.append((_unique(_argument_name(name), taken), recorder.input(t._data)))
                 capture.argument_slots[inputs[-1][1].index] = k
-            generator = _random.generator()
+            generator, seeded = _random.generator(), _random._generator
+            counts = [sys.getrefcount(t) for t in tensors]
             with recording_all(recorder):
                 autograd.state.capture = capture
                 try:
@@ -884,6 +889,15 @@ class Compiled:
                     spec, outputs = _output_spec(capture, result)
                 finally:
                     autograd.state.capture = None
+            if _own_generator(recorder, generator, seeded):
+                # Each eager call would restart its stream; a plan would continue it.
+                self._gone[key] = self.max_plans
+                warnings.warn(f"ta.compile({self.fn.__qualname__}): the function seeds or makes a random "
+                              f"generator itself (ta.manual_seed, np.random.default_rng inside): a plan "
+                              f"would continue the stream each call restarts, so it runs eagerly. Seed "
+                              f"outside the compiled function, or pass it a generator it keeps",
+                              UserWarning, stacklevel=4)
+                return result
             plan = self._build(capture, key, inputs, spec, outputs, tensors, generator)
             made = {id(ref()) for ref in plan.made}
             # The plan holds what it guards on; the capture must not keep the rest alive (a
@@ -896,6 +910,15 @@ class Compiled:
             # must not find this call's own tensors alive as if kept (_Plan.first_enter).
             returned = _returned(result, made)
             del result
+            # An argument the function kept (``state["prev"] = x``): more references than it
+            # came with, besides those handed back; the plan would read that batch for good.
+            capture.leaves.clear()
+            handed = [id(t) for t in _flat_tensors(returned)]
+            now = [sys.getrefcount(t) for t in tensors]              # counted as before
+            plan.made += [weakref.ref(tensors[k]) for k in range(len(tensors))
+                          if now[k] - handed.count(id(tensors[k])) > counts[k]]
+            if plan.made and plan.enter == plan.replay:
+                plan.enter = plan.first_enter
             self._plans.setdefault(key, []).append(plan)
         self.stats.plans += 1
         self.stats.captures += 1
@@ -1044,6 +1067,27 @@ def _argument_name(name: str) -> str:
 def _identifier(text: str) -> str:
     name = "".join(c if c.isalnum() or c == "_" else "_" for c in str(text))
     return name if name and not name[0].isdigit() else f"_{name}"
+
+
+def _own_generator(recorder: Recorder, start, seeded) -> bool:
+    """Whether the captured function seeded the engine's generator (``ta.manual_seed``) or
+    drew from a generator it made and dropped (``np.random.default_rng(7)`` inside)."""
+    if _random._generator is not seeded or _random.generator() is not start:
+        return True
+    # By index: a name bound to a constant would count as one more holder.
+    constants = recorder.constants
+    return any(isinstance(constants[i], np.random.Generator) and constants[i] is not start
+               and held_only_by(constants, i) for i in range(len(constants)))
+
+
+def _flat_tensors(value) -> list:
+    if isinstance(value, Tensor):
+        return [value]
+    if type(value) in (tuple, list):
+        return [t for v in value for t in _flat_tensors(v)]
+    if type(value) is dict:
+        return [t for v in value.values() for t in _flat_tensors(v)]
+    return []
 
 
 def _made_leaf(data, backend, grad) -> Tensor:

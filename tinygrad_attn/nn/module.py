@@ -74,6 +74,20 @@ class Module:
                     p.name = f"{name}.{path}"
         object.__setattr__(self, name, value)
 
+    @property
+    def training(self) -> bool:
+        """Training mode (dropout active): ``train()``/``eval()`` set it.  A ``ta.compile``
+        capture that reads it (a forward, or a method that passes it to dropout) replays in
+        this mode only."""
+        capture = autograd_state.capture
+        if capture is not None:
+            capture.module_called(self)
+        return self.__dict__["_training"]
+
+    @training.setter
+    def training(self, mode) -> None:
+        self.__dict__["_training"] = bool(mode)
+
     def __call__(self, *args, **kwargs):
         forward = getattr(self, "forward", None)
         if forward is None:
