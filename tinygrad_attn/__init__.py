@@ -18,7 +18,8 @@ from .autograd import (
     no_grad,
     scope,
 )
-from .compiled import CaptureError, compile
+from .compiled import compile
+from .compiler.capture import CaptureError
 from .compiler.threads import get_num_threads, set_num_threads
 from .random import manual_seed
 from .serialize import SerializationError, load, save
