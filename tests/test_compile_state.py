@@ -603,3 +603,88 @@ def test_a_sharer_the_caller_keeps_but_the_function_never_reads_does_not_miss(re
             kept.append(compiled(ta.Tensor(rng.normal(size=(2, 4)).astype(np.float32)), kept[-1].detach()))
     assert compiled.stats.captures == 1 and compiled.stats.replays == 5
     assert not [w for w in recwarn if "ta.compile" in str(w.message)]
+
+
+def test_a_mode_the_step_sets_itself_is_not_guarded(recwarn):
+    """A training step that calls ``model.train()`` and an evaluation that calls
+    ``model.eval()``, alternating: each sets the mode it runs in, so the mode at entry (the
+    other one's) must not make it capture again."""
+    class Net(ta.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.hidden, self.drop, self.out = ta.nn.Linear(4, 4), ta.nn.Dropout(0.5), ta.nn.Linear(4, 1)
+
+        def forward(self, x):
+            return self.out(self.drop(self.hidden(x)))
+
+    ta.manual_seed(0)
+    model = Net().double()
+    opt = optim.SGD(model.parameters(), lr=0.01)
+
+    def train_step(x):
+        model.train()
+        opt.zero_grad()
+        loss = (model(x) ** 2).mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    def eval_step(x):
+        model.eval()
+        return model(x).sum()
+
+    train, evaluate = ta.compile(train_step), ta.compile(eval_step)
+    for k in range(8):
+        x = _tensor(np.full((2, 4), 0.1 * (k + 1)))
+        train(x)
+        with ta.no_grad():
+            evaluate(x)
+    assert train.stats.captures == 2 and train.stats.replays == 6
+    assert evaluate.stats.captures == 1 and evaluate.stats.replays == 7
+    assert not [w for w in recwarn if "ta.compile" in str(w.message)]
+
+
+def test_returning_an_arguments_gradient_replays(recwarn):
+    x = _tensor([1.0, 2.0, 3.0], grad=True)
+    w = _tensor([0.5, 0.5, 0.5], grad=True)
+
+    def f(x):
+        loss = (x * w).sum()
+        loss.backward()
+        return loss, x.grad
+
+    compiled = ta.compile(f)
+    for _ in range(6):
+        x.grad = None
+        loss, grad = compiled(x)
+        assert grad is x.grad
+        np.testing.assert_array_equal(grad.numpy(), w.numpy())
+    assert compiled.stats.replays >= 4
+    assert not [w for w in recwarn if "ta.compile" in str(w.message)]
+
+
+def test_an_optimizer_reset_to_a_state_never_stepped_captures_again():
+    """``opt.load_state_dict(fresh)`` with a state taken before any step leaves each
+    parameter's state None: the plan's guards on the state arrays miss instead of failing."""
+    def run(compiled):
+        ta.manual_seed(0)
+        linear = ta.nn.Linear(3, 2).double()
+        opt = optim.Adam(linear.parameters(), lr=0.1)
+        fresh = opt.state_dict()
+
+        def step(x):
+            opt.zero_grad()
+            loss = (linear(x) ** 2).mean()
+            loss.backward()
+            opt.step()
+            return loss
+
+        fn = ta.compile(step) if compiled else step
+        losses = []
+        for k in range(5):
+            if k == 2:
+                opt.load_state_dict(fresh)
+            losses.append(fn(_tensor(np.full((2, 3), 0.5 + k))).numpy())
+        return losses
+
+    np.testing.assert_array_equal(run(True), run(False))

@@ -64,6 +64,7 @@ class Capture:
         self.sources: dict[int, tuple] = {}        # id -> (a detached tensor, what it detached)
         self.explicit: set[int] = set()            # entries that drew from a generator fn passed
         self.made: list = []                       # weakrefs: the tensors made while recording
+        self.modes_set: set[int] = set()            # modules whose mode the function set first
         self.backward_called = False
 
     def refuse(self, what: str):
@@ -218,9 +219,14 @@ class Capture:
 
     def module_called(self, module) -> None:
         """A module's forward ran, or its ``training`` was read: the plan holds for this
-        train/eval mode only."""
-        if id(module) not in self.modules:
+        train/eval mode only (unless the function set the mode itself first)."""
+        if id(module) not in self.modules and id(module) not in self.modes_set:
             self.modules[id(module)] = (module, bool(module.__dict__["_training"]))
+
+    def mode_set(self, module) -> None:
+        """The function set ``module``'s train/eval mode (``model.train()`` inside a step):
+        the mode it had at entry does not matter to the plan, and is not guarded."""
+        self.modes_set.add(id(module))
 
 
 class _ChainGrad:

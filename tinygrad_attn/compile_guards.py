@@ -166,7 +166,8 @@ def optimizer_paths(arrays: list) -> list:
     update the plan recorded holds them, however the function reached it.  Their state's
     None entries are held to None the same way (optimizer, path, None): a momentum buffer
     made after the capture (``opt.momentum = 0.9``) takes another update than the one
-    recorded without it."""
+    recorded without it.  The containers on the way are held by identity first (a state
+    ``load_state_dict`` replaced, or left None, misses before its arrays are looked up)."""
     wanted = {id(a) for a in arrays}
     types, stack = set(), [Optimizer]
     while stack:
@@ -189,7 +190,14 @@ def optimizer_paths(arrays: list) -> list:
                                                              for key, value in entry.items()]
                 found += [(obj, (("attr", "state"), ("item", k), *path), None)
                           for path, value in items if value is None]
-    return found
+    containers, held = [], set()
+    for obj, path, _ in found:
+        for end in range(2, len(path)):
+            prefix = path[:end]
+            if (id(obj), prefix) not in held:
+                held.add((id(obj), prefix))
+                containers.append((obj, prefix, _follow(obj, prefix)))
+    return containers + found
 
 
 def static_key(value, name: str, fn):

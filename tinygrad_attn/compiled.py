@@ -281,8 +281,9 @@ class Compiled:
         if not self._warned and self._gone.get(key, 0) < self.max_plans:
             self._warned = True
             warnings.warn(f"ta.compile({self.fn.__qualname__}): {self.max_plans} plans captured "
-                          f"already (max_plans); running eagerly from now on for new signatures "
-                          f"({reason}). Pad shapes to fewer sizes, or declare fewer values static",
+                          f"already (max_plans); running eagerly from now on for calls no plan "
+                          f"replays ({reason}). Pad shapes to fewer sizes, or declare fewer values "
+                          f"static",
                           UserWarning, stacklevel=3)
         self.stats.eager_calls += 1
         return self.fn(*call_args, **call_kwargs)
@@ -337,6 +338,7 @@ class Compiled:
             # An argument the function kept (``state["prev"] = x``): more references than it
             # came with, besides those handed back; the plan would read that batch for good.
             capture.leaves.clear()
+            del spec                        # its ("grad", leaf) entries hold the leaves too
             handed = [id(t) for t in flat_tensors(returned)]
             now = [sys.getrefcount(t) for t in tensors]              # counted as before
             plan.made += [weakref.ref(tensors[k]) for k in range(len(tensors))

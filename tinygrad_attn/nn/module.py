@@ -87,6 +87,9 @@ class Module:
     @training.setter
     def training(self, mode) -> None:
         self.__dict__["_training"] = bool(mode)
+        capture = autograd_state.capture
+        if capture is not None:
+            capture.mode_set(self)
 
     def __call__(self, *args, **kwargs):
         forward = getattr(self, "forward", None)
