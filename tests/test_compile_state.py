@@ -117,20 +117,28 @@ def test_a_leaf_made_inside_with_requires_grad_replays():
     assert compiled.stats.captures == 1 and compiled.stats.replays == 4
 
 
+class _Lazy(ta.nn.Module):
+    """A layer that makes its tensor ``w`` in its first forward: ``make(x)``, then
+    ``combine(x, w)`` at every call."""
+
+    def __init__(self, make, combine=lambda x, w: (x * w).sum()):
+        super().__init__()
+        self.w, self.make, self.combine = None, make, combine
+
+    def forward(self, x):
+        if self.w is None:
+            self.w = self.make(x)
+        return self.combine(x, self.w)
+
+
 def test_a_parameter_a_layer_makes_on_its_first_call_is_kept():
-    """A layer that makes its parameter in its first forward, inside the capture: the plan
-    binds that parameter (its gradient accumulates as eager's) instead of making it anew."""
-    class Lazy(ta.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = None
+    """A layer that makes its parameter in its first forward, inside the capture: the next
+    call captures again and reads that parameter (its gradient accumulates as eager's)
+    instead of making it anew."""
+    def ones(x):
+        return ta.nn.Parameter(np.ones(x.shape[-1]))
 
-        def forward(self, x):
-            if self.w is None:
-                self.w = ta.nn.Parameter(np.ones(x.shape[-1]))
-            return (x * self.w).sum()
-
-    compiled_model, eager_model = Lazy(), Lazy()
+    compiled_model, eager_model = _Lazy(ones), _Lazy(ones)
 
     def step(model, x):
         loss = model(x)
@@ -313,21 +321,14 @@ def test_a_tensor_a_layer_makes_on_its_first_call_is_read_not_made_again(kind, r
     """A layer's first forward makes its tensor (a fixed random projection, a parameter drawn
     from the generator) inside the capture: the first plan is dropped at the next call and
     the second reads the tensor, so replays neither draw again nor lose its updates."""
-    class Lazy(ta.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = None
-
-        def forward(self, x):
-            if self.w is None:
-                drawn = ta.Tensor.randn(3, dtype="float64")
-                self.w = drawn if kind == "fixed random" else ta.nn.Parameter(drawn * 0.1, dtype="float64")
-            return (x * self.w).sum()
+    def draw(x):
+        drawn = ta.Tensor.randn(3, dtype="float64")
+        return drawn if kind == "fixed random" else ta.nn.Parameter(drawn * 0.1, dtype="float64")
 
     results = {}
     for mode in ("compiled", "eager"):
         ta.manual_seed(0)
-        model = Lazy()
+        model = _Lazy(draw)
         fn = ta.compile(lambda x, model=model: model(x)) if mode == "compiled" else model
         with ta.no_grad():
             results[mode] = [(fn(_tensor(np.full(3, k + 1.0))).numpy(), ta.Tensor.randn(1).numpy())
@@ -339,17 +340,13 @@ def test_a_tensor_a_layer_makes_on_its_first_call_is_read_not_made_again(kind, r
 
 
 def test_a_lazy_parameter_with_fusion_captures_again_and_replays():
-    class Lazy(ta.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = None
+    def ramp(x):
+        return ta.nn.Parameter(np.linspace(0, 2, x.shape[-1]), dtype="float64")
 
-        def forward(self, x):
-            if self.w is None:
-                self.w = ta.nn.Parameter(np.linspace(0, 2, x.shape[-1]), dtype="float64")
-            return ((x * self.w + x).tanh() * self.w).sum()
+    def combine(x, w):
+        return ((x * w + x).tanh() * w).sum()
 
-    compiled_model, eager_model = Lazy(), Lazy()
+    compiled_model, eager_model = _Lazy(ramp, combine), _Lazy(ramp, combine)
 
     def step(model, x):
         loss = model(x)
