@@ -79,6 +79,27 @@ def test_train_resumed_after_ctrl_c_ends_bitwise_equal_to_uninterrupted(tmp_path
     assert [line["step"] for line in evaluations("a.jsonl")] == [4, 8, 12]
 
 
+def test_a_float64_run_resumes_in_float64(tmp_path):
+    """load_checkpoint rebuilds the model in its weights' dtype (it built the default float,
+    and a float64 run resumed in float32, off the straight run by rounding)."""
+    task = small_task()
+    straight = small_model(task).astype(np.float64)
+    history = ta.models.train(straight, task, **RUN, checkpoint=tmp_path / "a.ckpt")
+
+    def stop_at_step_6(record):
+        if record["step"] == 6:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        ta.models.train(small_model(task).astype(np.float64), task, **RUN, checkpoint=tmp_path / "b.ckpt",
+                        callback=stop_at_step_6)
+    model, _ = ta.models.load_checkpoint(tmp_path / "b.ckpt")
+    assert model.out.weight.dtype == np.float64
+    resumed = ta.models.train(model, task, steps=12, checkpoint=tmp_path / "b.ckpt", resume=True)
+    assert [r["loss"] for r in resumed] == [r["loss"] for r in history[6:]]
+    assert_same_weights(weights(model), weights(straight))
+
+
 class _TestTerminated(Exception):
     """What the test's own SIGTERM handler raises: train must have replaced it while it runs."""
 

@@ -14,6 +14,8 @@ generator's state and the step.
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import data
 from ..serialize import SerializationError, load, save
 from .seq2seq import Seq2Seq
@@ -107,6 +109,10 @@ def load_checkpoint(path) -> tuple[Seq2Seq | Transformer, Checkpoint]:
                                  f"this version does not know (it knows {', '.join(ARCHITECTURES)})")
     try:
         model = ARCHITECTURES[arch](**state["config"])
+        # The weights' float dtype, not the default float: a float64 run resumes in float64.
+        floats = {np.asarray(v).dtype for v in state["model"].values() if np.asarray(v).dtype.kind == "f"}
+        if len(floats) == 1:
+            model.astype(floats.pop())
         model.load_state_dict(state["model"])
         # Files from 0.5 and earlier name one level for both sides and always lower-case.
         tokenization = state.get("tokenization") or {"src": state["level"], "tgt": state["level"],
