@@ -60,13 +60,13 @@ def held_by_plan_only(recorder: Recorder) -> set[int]:
     return held
 
 
-def _count(items: list) -> int:
-    return sys.getrefcount(items[0])
+def _count(items: list, index: int = 0) -> int:
+    return sys.getrefcount(items[index])
 
 
 def held_only_by(items: list, index: int) -> bool:
     """Whether nothing but the list ``items`` holds ``items[index]`` (CPython's count)."""
-    return sys.getrefcount(items[index]) <= _ALONE
+    return _count(items, index) <= _ALONE
 
 
 _ALONE = _count([np.empty(0)])

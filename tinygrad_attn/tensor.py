@@ -70,6 +70,11 @@ def _resolve_dtype(dtype, data: np.ndarray) -> np.dtype:
     raise DTypeError(f"Tensor: cannot make a tensor from data of dtype {data.dtype}")
 
 
+def _check_grad_dtype(requires_grad: bool, dtype: np.dtype, shape) -> None:
+    if requires_grad and dtype.kind != "f":
+        raise DTypeError(f"Tensor: only float tensors can require grad, got {dtype} of shape {shape}")
+
+
 class Version:
     """A count of in-place changes, shared by a tensor and the views of its memory.
 
@@ -117,9 +122,7 @@ class Tensor:
                 array.max() > np.iinfo(np.int64).max:
             # int64 would wrap these round to negative numbers without a word.
             raise DTypeError(f"Tensor: uint64 value {int(array.max())} does not fit in int64")
-        if requires_grad and resolved.kind != "f":
-            raise DTypeError(f"Tensor: only float tensors can require grad, got {resolved} "
-                             f"of shape {array.shape}")
+        _check_grad_dtype(requires_grad, resolved, array.shape)
         self.backend = get_backend(device)
         # A kernel, not a host copy: a compiled function's plan copies the data again at
         # every replay (a numpy array the caller changes is read afresh).
@@ -577,9 +580,7 @@ class Tensor:
         # The draw is a kernel reading the generator (float64 samples in ``dtype``), so a
         # captured plan makes it again at every replay instead of keeping one sample.
         resolved = _resolve_dtype(dtype, _FLOAT_SAMPLE)
-        if requires_grad and resolved.kind != "f":
-            raise DTypeError(f"Tensor: only float tensors can require grad, got {resolved} "
-                             f"of shape {shape}")
+        _check_grad_dtype(requires_grad, resolved, shape)
         backend = get_backend(device)
         return Tensor._made(getattr(backend, kernel)(_random.generator(), shape, resolved), backend,
                             bool(requires_grad))

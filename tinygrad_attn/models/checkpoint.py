@@ -110,7 +110,7 @@ def load_checkpoint(path) -> tuple[Seq2Seq | Transformer, Checkpoint]:
     try:
         model = ARCHITECTURES[arch](**state["config"])
         # The weights' float dtype, not the default float: a float64 run resumes in float64.
-        floats = {np.asarray(v).dtype for v in state["model"].values() if np.asarray(v).dtype.kind == "f"}
+        floats = {d for d in (np.asarray(v).dtype for v in state["model"].values()) if d.kind == "f"}
         if len(floats) == 1:
             model.astype(floats.pop())
         model.load_state_dict(state["model"])
